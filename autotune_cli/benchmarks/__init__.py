@@ -1,0 +1,1 @@
+"""Benchmarks against named baselines (mamba-ssm, eager PyTorch), run by `mamba-tune bench`."""

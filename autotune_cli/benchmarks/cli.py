@@ -1,0 +1,96 @@
+"""`mamba-tune bench`: ours (tuned configs from the bundles) vs mamba-ssm on this GPU."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from autotune_cli.commands.common import DtypeChoice, err, fail, out
+from autotune_cli.presets import MODEL_PRESETS
+from kernels.registry import DTYPES, ModelShape
+
+
+class Family(str, enum.Enum):
+    norm = "norm"
+    ssd = "ssd"
+    all = "all"
+
+
+def _shapes(models: list[str], tp: int, batch: int, seqlen: int) -> list[tuple[str, ModelShape]]:
+    shapes = []
+    for name in models:
+        if name not in MODEL_PRESETS:
+            fail(f"--model {name!r}: unknown preset; known: {', '.join(MODEL_PRESETS)}")
+        m = MODEL_PRESETS[name]
+        if m.nheads % tp or m.ngroups % tp:
+            fail(f"--tp {tp} does not divide {name}'s nheads {m.nheads} and ngroups {m.ngroups}")
+        label = name + (f" tp{tp}" if tp > 1 else "")
+        shapes.append((label, ModelShape(batch=batch, seqlen=seqlen, nheads=m.nheads // tp, headdim=m.headdim,
+                                         ngroups=m.ngroups // tp, dstate=m.dstate, chunk_size=m.chunk_size)))
+    return shapes
+
+
+def bench_command(
+    family: Annotated[Family, typer.Option(help="Which kernels to time.")] = Family.norm,
+    model: Annotated[list[str] | None, typer.Option(help="Model preset (repeatable; default: every preset).")] = None,
+    tp: Annotated[list[int] | None, typer.Option(help="Tensor-parallel degree (repeatable; default 1).")] = None,
+    batch: Annotated[int, typer.Option(help="Batch size.", min=1)] = 2,
+    seqlen: Annotated[int, typer.Option(help="Sequence length.", min=1)] = 8192,
+    dtype: Annotated[DtypeChoice, typer.Option(help="Input dtype.")] = DtypeChoice.bf16,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the rows, machine and versions as JSON.",
+                                                  dir_okay=False)] = None,
+) -> None:
+    """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
+    import torch
+
+    if not torch.cuda.is_available():
+        fail("no CUDA GPU on this machine: `mamba-tune bench` times kernels on the GPU")
+    from autotune_cli.benchmarks.common import copy_gbps, machine_line
+    from autotune_cli.environment import now
+
+    models = model or list(MODEL_PRESETS)
+    shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
+    torch_dtype = DTYPES[dtype.value]
+    line = machine_line()
+    copy = copy_gbps()
+    err.print(f"{line}; device-to-device copy {copy:.0f} GB/s")
+    rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    if family in (Family.norm, Family.all):
+        from autotune_cli.benchmarks.norm import bench_norm, lookup_us
+
+        rows += bench_norm(shapes, torch_dtype)
+        extra["lookup_us"] = lookup_us()
+        err.print(f"runtime config lookup after the first call: {extra['lookup_us']:.2f} us")
+    if family in (Family.ssd, Family.all):
+        try:
+            from autotune_cli.benchmarks.ssd import bench_ssd
+        except ImportError as e:
+            fail(f"the SSD benchmark is not available: {e}")
+        rows += bench_ssd(shapes, torch_dtype, 200)
+    table = Table(title=f"ours vs mamba-ssm, batch {batch}, seqlen {seqlen}, {dtype.value}")
+    cols = ("model", "op", "shape", "ours ms", "ours GB/s", "mamba-ssm ms", "mamba-ssm GB/s", "speedup",
+            "ours wall ms", "mamba-ssm wall ms", "config")
+    for c in cols:
+        table.add_column(c, overflow="fold")
+
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        table.add_row(r.get("model", ""), r.get("op", r.get("stage", "")), r.get("shape", ""),
+                      f(r.get("ours_ms"), ".4f"), f(r.get("ours_gbps"), ".0f"), f(r.get("baseline_ms"), ".4f"),
+                      f(r.get("baseline_gbps"), ".0f"),
+                      f(r.get("speedup", r.get("ratio")), ".2f") + ("x" if r.get("speedup", r.get("ratio")) else ""),
+                      f(r.get("ours_wall_ms"), ".4f"), f(r.get("baseline_wall_ms"), ".4f"), str(r.get("config", "")))
+    out.print(table)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"machine": line, "copy_gbps": copy, "time": now(), "batch": batch,
+                                        "seqlen": seqlen, "dtype": dtype.value, **extra, "rows": rows}, indent=2))
+        err.print(f"wrote {json_out}")

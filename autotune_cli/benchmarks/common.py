@@ -1,0 +1,58 @@
+"""Timing helpers shared by the benchmarks: kernel time, wall time, copy bandwidth."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def kernel_ms(fn: Callable[[], Any]) -> float:
+    """Median GPU time (ms) with triton.testing.do_bench; L2 flushed between runs."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:
+    """Wall time per call (ms) of back-to-back calls, host overhead and launch gaps included."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) * 1e3 / iters)
+    return best
+
+
+def copy_gbps(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (GB/s, bytes read + written): the memory-bound ceiling."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = kernel_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def machine_line() -> str:
+    import importlib.metadata
+
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    try:
+        helion = importlib.metadata.version("helion")
+    except importlib.metadata.PackageNotFoundError:
+        helion = "?"
+    try:
+        import mamba_ssm
+
+        mamba = getattr(mamba_ssm, "__version__", "?")
+    except ImportError:
+        mamba = "not importable"
+    return (f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}, "
+            f"helion {helion}, mamba-ssm {mamba}")

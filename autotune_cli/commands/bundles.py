@@ -1,0 +1,115 @@
+"""`mamba-tune validate PATH...` and `mamba-tune show BUNDLE`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.spec import SpecError, load_spec
+from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
+from kernels.registry import all_kernels
+
+
+def check_bundle_kernels(bundle: Bundle, source: str) -> None:
+    """Entries must name known kernels with exactly their key dims."""
+    kernels = all_kernels()
+    for key, entry in bundle.entries.items():
+        tk = kernels.get(entry.kernel)
+        if tk is None:
+            raise BundleError(f"{source}: entries[{key!r}]: unknown kernel {entry.kernel!r}")
+        if set(entry.dims) != set(tk.dims):
+            raise BundleError(f"{source}: entries[{key!r}].dims: expected exactly {', '.join(tk.dims)}")
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found.extend(sorted(q for q in p.rglob("*") if q.suffix in (".json", ".yaml", ".yml")
+                                and not q.name.startswith(".")))
+        else:
+            found.append(p)
+    return found
+
+
+def validate_command(
+    paths: Annotated[list[Path], typer.Argument(help="Specs (.yaml) and bundles (.json), or folders of them.",
+                                                exists=True)],
+    lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
+                                             "(CPU, no GPU): catches configs the current code rejects.")] = False,
+) -> None:
+    """Validate sweep specs and config bundles; exit 2 on the first invalid file."""
+    files = _files(paths)
+    if not files:
+        fail("no .yaml or .json files under " + ", ".join(map(str, paths)))
+    lowering_failed = False
+    for f in files:
+        try:
+            if f.suffix in (".yaml", ".yml"):
+                spec = load_spec(f)
+                out.print(f"ok  {f}: spec {spec.name}, {len(spec.models)} model configs, {len(spec.kernels)} kernels")
+            elif f.suffix == ".json":
+                bundle = load_bundle(f)
+                check_bundle_kernels(bundle, str(f))
+                g = bundle.provenance.gpu
+                msg = f"ok  {f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
+                if lower:
+                    from autotune_cli.lowering import lower_bundle
+
+                    bad = lower_bundle(bundle)
+                    for key, why in bad:
+                        err.print(f"[red]{f}: {key}: config does not lower: {why}")
+                    lowering_failed |= bool(bad)
+                    msg += f", {len(bundle.entries) - len(bad)}/{len(bundle.entries)} configs lower"
+                out.print(msg)
+            else:
+                fail(f"{f}: not a spec (.yaml) or bundle (.json)")
+        except (SpecError, BundleError) as e:
+            fail(str(e), EXIT_BAD_INPUT)
+    if lowering_failed:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def show_command(
+    bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
+                                                dir_okay=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
+) -> None:
+    """Show a bundle's provenance and entries as a table."""
+    try:
+        bundle = load_bundle(bundle_path)
+    except BundleError as e:
+        fail(str(e))
+    if as_json:
+        out.print(dumps_bundle(bundle), end="", markup=False, highlight=False)
+        return
+    p = bundle.provenance
+    v = p.versions
+    out.print(f"{bundle_path}: {p.gpu.name} ({p.gpu.arch}, {p.gpu.sm_count} SMs); helion {v.helion}, "
+              f"torch {v.torch}, triton {v.triton}, CUDA {v.cuda}, driver {v.driver}; "
+              f"spec {p.spec.name if p.spec else '-'}; tool {p.tool_version} {p.git_sha or ''}; updated {p.updated}")
+    table = Table()
+    for col in ("kernel", "dims", "dtype", "tuned ms", "default ms", "baseline ms", "vs default", "vs baseline",
+                "GB/s", "search"):
+        table.add_column(col, overflow="fold")
+    for e in bundle.entries.values():
+        t, s = e.timing, e.search
+        table.add_row(
+            e.kernel, ",".join(f"{k}={v}" for k, v in e.dims.items()), e.dtype, f"{t.tuned_ms:.4f}",
+            f"{t.default_ms:.4f}", "-" if t.baseline_ms is None else f"{t.baseline_ms:.4f}",
+            f"{e.speedup.vs_default:.2f}x", "-" if e.speedup.vs_baseline is None else f"{e.speedup.vs_baseline:.2f}x",
+            "-" if t.gbps is None else f"{t.gbps:.0f}",
+            f"{s.algorithm}/{s.effort} {s.configs_tried or '?'} cfgs {s.seconds:.0f}s",
+        )
+    out.print(table)
+    for key, f in bundle.failures.items():
+        out.print(f"[red]failed[/] {key}: {f.reason}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_command)
+    app.command("show")(show_command)

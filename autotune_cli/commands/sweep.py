@@ -1,0 +1,175 @@
+"""`mamba-tune sweep SPEC` and `mamba-tune tune KERNEL`: run the Helion autotuner, write bundles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from autotune_cli.commands.common import (
+    EXIT_CHECK_FAILED,
+    DtypeChoice,
+    EffortChoice,
+    err,
+    fail,
+    out,
+)
+from autotune_cli.plan import Combo, plan
+from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
+from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
+from kernels.bundle import SpecRef
+from kernels.registry import all_kernels
+
+DEFAULT_OUT = Path("generated_configs")
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        gpus = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        fail(f"--gpus {text!r}: expected a comma-separated list of GPU indices, e.g. 0,1")
+    if not gpus or len(set(gpus)) != len(gpus):
+        fail(f"--gpus {text!r}: expected distinct GPU indices, e.g. 0,1")
+    return gpus
+
+
+def _summary(result: SweepResult) -> None:
+    table = Table(title=f"sweep summary: {result.bundle_path}")
+    for col in ("kernel", "dims", "dtype", "status", "tuned ms", "vs default", "vs baseline"):
+        table.add_column(col, overflow="fold")
+    for r in result.results:
+        dims = ",".join(f"{k}={v}" for k, v in r.combo.dims.items())
+        if r.entry is not None:
+            e = r.entry
+            status = "kept" if r.skipped else "tuned"
+            vb = f"{e.speedup.vs_baseline:.2f}x" if e.speedup.vs_baseline is not None else "-"
+            table.add_row(r.combo.kernel, dims, r.combo.dtype, status, f"{e.timing.tuned_ms:.4f}",
+                          f"{e.speedup.vs_default:.2f}x", vb)
+        else:
+            reason = r.failure.reason if r.failure else "?"
+            table.add_row(r.combo.kernel, dims, r.combo.dtype, f"FAILED: {reason}", "-", "-", "-")
+    out.print(table)
+
+
+def _run(sweep: Sweep) -> None:
+    try:
+        result = sweep.run()
+    except SweepInputError as e:
+        fail(str(e))
+    _summary(result)
+    if result.failed:
+        err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
+                  f"{result.bundle_path}")
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+GpusOpt = Annotated[str | None, typer.Option(help="GPU indices to spread the work over, e.g. 0,1 (default: all).")]
+OutOpt = Annotated[Path, typer.Option("-o", "--out", help="Bundle root; the bundle is OUT/<gpu sku>/<name>.json.",
+                                      file_okay=False)]
+ForceOpt = Annotated[bool, typer.Option(help="Re-tune combos that are already in the bundle.")]
+MismatchOpt = Annotated[bool, typer.Option(help="Tune even if this GPU is not the spec's target.")]
+DryOpt = Annotated[bool, typer.Option(
+    help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
+         "OUT/cpu/; for checking a spec end to end, never for real bundles.")]
+LogOpt = Annotated[Path, typer.Option(help="Folder for per-combo worker logs.", file_okay=False)]
+TimeoutOpt = Annotated[float | None, typer.Option(help="Kill a combo's worker after this many seconds "
+                                                       "(default: 2 x the search budget + 10 min).", min=1)]
+
+
+def sweep_command(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True, dir_okay=False)],
+    out_dir: OutOpt = DEFAULT_OUT,
+    force: ForceOpt = False,
+    gpus: GpusOpt = None,
+    allow_gpu_mismatch: MismatchOpt = False,
+    cpu_dry_run: DryOpt = False,
+    log_dir: LogOpt = Path(".mamba-tune/logs"),
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as e:
+        fail(str(e))
+    budget = spec.budget
+    if cpu_dry_run and budget.effort != "none":
+        err.print("cpu dry run: no search (effort none), default configs only")
+        budget = budget.model_copy(update={"effort": "none"})
+    sweep = Sweep(
+        plan(spec), budget=budget, tolerances=spec.tolerances, target_sku=spec.target.gpu, bundle_name=spec.name,
+        spec_ref=SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256),
+        options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
+                             allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
+                             timeout_s=timeout),
+        console=err,
+    )
+    _run(sweep)
+
+
+def _parse_dims(text: str, kernel: str) -> dict[str, int]:
+    tk = all_kernels()[kernel]
+    dims: dict[str, int] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            fail(f"--dims: {item!r} is not NAME=INT")
+        if name not in tk.dims:
+            fail(f"--dims: {kernel} has no dim {name!r}; its dims are {', '.join(tk.dims)}")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            fail(f"--dims: {name}={value!r} is not an integer")
+    missing = [d for d in tk.dims if d not in dims]
+    if missing:
+        fail(f"--dims: missing {', '.join(missing)} for {kernel} (needs {', '.join(tk.dims)})")
+    return {d: dims[d] for d in tk.dims}
+
+
+def tune_command(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (see `mamba-tune plan` or the README).")],
+    dims: Annotated[str, typer.Option(help="The key dims, e.g. rows=16384,d=4096,... (all of the kernel's dims).")],
+    dtype: Annotated[DtypeChoice, typer.Option(help="Input dtype.")] = DtypeChoice.bf16,
+    gpu: Annotated[str, typer.Option(help="Target GPU SKU (must match this GPU unless --allow-gpu-mismatch).")] = "h200",
+    effort: Annotated[EffortChoice, typer.Option(help="Helion autotune effort.")] = EffortChoice.quick,
+    seconds: Annotated[int | None, typer.Option(help="Cap on the search's wall time, seconds.", min=1)] = None,
+    algorithm: Annotated[str, typer.Option(help=f"Search algorithm: {', '.join(SEARCH_ALGORITHMS)}.")] = "LFBOTreeSearch",
+    seed: Annotated[int, typer.Option(help="Autotuner random seed.", min=0)] = 0,
+    name: Annotated[str, typer.Option(help="Bundle name: OUT/<gpu sku>/<name>.json.")] = "adhoc",
+    out_dir: OutOpt = DEFAULT_OUT,
+    force: ForceOpt = False,
+    allow_gpu_mismatch: MismatchOpt = False,
+    cpu_dry_run: DryOpt = False,
+    log_dir: LogOpt = Path(".mamba-tune/logs"),
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
+    from autotune_cli.presets import GPU_SKUS
+
+    known = all_kernels()
+    if kernel not in known:
+        fail(f"unknown kernel {kernel!r}; known: {', '.join(known)}")
+    if gpu not in GPU_SKUS:
+        fail(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(GPU_SKUS)}")
+    if algorithm not in SEARCH_ALGORITHMS:
+        fail(f"--algorithm {algorithm!r}: one of {', '.join(SEARCH_ALGORITHMS)}")
+    parsed = _parse_dims(dims, kernel)
+    budget = Budget(effort="none" if cpu_dry_run else effort.value, seconds_per_combo=seconds, algorithm=algorithm,
+                    seed=seed)
+    combo = Combo(kernel=kernel, dims=parsed, dtype=dtype.value, origins=("mamba-tune tune",))
+    sweep = Sweep(
+        [combo], budget=budget, tolerances=DEFAULT_TOLERANCES, target_sku=gpu, bundle_name=name, spec_ref=None,
+        options=SweepOptions(out_dir=out_dir, force=force, allow_gpu_mismatch=allow_gpu_mismatch,
+                             cpu_dry_run=cpu_dry_run, log_dir=log_dir, timeout_s=timeout),
+        console=err,
+    )
+    _run(sweep)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)
+    app.command("tune")(tune_command)

@@ -1,0 +1,62 @@
+"""Spec -> the exact, de-duplicated list of (kernel, dims, dtype) combos to tune."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from autotune_cli.spec import Budget, Spec
+from kernels.bundle import entry_key
+from kernels.registry import ModelShape, all_kernels
+
+# Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
+# with Helion 1.5.0 (../shared/device/README.md: quick = 1.5-4.5 minutes per kernel x
+# shape; full = 1-2 hours); plus checking and timing the winner.
+EFFORT_SECONDS = {"none": 5.0, "quick": 180.0, "full": 5400.0}
+CHECK_SECONDS = 25.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Combo:
+    kernel: str
+    dims: dict[str, int]
+    dtype: str
+    # Where the combo comes from: "model tp=N batch=B seqlen=L" (several when de-duplicated).
+    origins: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return entry_key(self.kernel, self.dims, self.dtype)
+
+    def label(self) -> str:
+        return f"{self.kernel} {','.join(f'{k}={v}' for k, v in self.dims.items())} {self.dtype}"
+
+
+def plan(spec: Spec) -> list[Combo]:
+    kernels = all_kernels()
+    found: dict[str, Combo] = {}
+    for m in spec.models:
+        for batch, seqlen in itertools.product(m.batch, m.seqlen):
+            shape = ModelShape(batch=batch, seqlen=seqlen, nheads=m.nheads, headdim=m.headdim,
+                               ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size)
+            origin = f"{m.name} tp={m.tp} batch={batch} seqlen={seqlen}"
+            for name in spec.kernels:
+                dims = kernels[name].dims_for(shape)
+                if dims is None:
+                    continue
+                for dtype in spec.dtypes:
+                    key = entry_key(name, dims, dtype)
+                    if key in found:
+                        old = found[key]
+                        found[key] = dataclasses.replace(old, origins=(*old.origins, origin))
+                    else:
+                        found[key] = Combo(kernel=name, dims=dims, dtype=dtype, origins=(origin,))
+    return list(found.values())
+
+
+def estimate_seconds_for(budget: Budget) -> float:
+    """Estimated wall time of one combo under a budget."""
+    search = EFFORT_SECONDS[budget.effort]
+    if budget.seconds_per_combo is not None:
+        search = min(search, float(budget.seconds_per_combo))
+    return search + CHECK_SECONDS

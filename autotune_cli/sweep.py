@@ -1,0 +1,415 @@
+"""Run a sweep: one worker process per combo, spread over GPUs, every result written at once.
+
+The bundle is rewritten atomically after each combo, so a crashed or killed sweep loses at
+most the combos in flight; rerunning the same command skips what is already in the bundle
+(unless --force). One sweep at a time may write a bundle: a file lock (`<bundle>.lock`)
+is held for the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+from rich.console import Console
+
+from autotune_cli import environment as env
+from autotune_cli.plan import Combo, estimate_seconds_for
+from autotune_cli.presets import GPU_SKUS
+from autotune_cli.spec import Budget, Tolerance
+from kernels.bundle import (
+    Bundle,
+    BundleError,
+    Entry,
+    Failure,
+    GpuInfo,
+    KernelProvenance,
+    Provenance,
+    SpecRef,
+    Versions,
+    load_bundle,
+    write_bundle,
+)
+from kernels.registry import all_kernels
+
+
+class SweepInputError(Exception):
+    """Bad input or environment: exit code 2, nothing written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    out_dir: Path
+    force: bool = False
+    gpus: list[int] | None = None
+    allow_gpu_mismatch: bool = False
+    cpu_dry_run: bool = False
+    log_dir: Path = Path(".mamba-tune/logs")
+    timeout_s: float | None = None
+
+
+@dataclasses.dataclass
+class ComboResult:
+    combo: Combo
+    entry: Entry | None
+    failure: Failure | None
+    seconds: float
+    skipped: bool = False
+
+
+@dataclasses.dataclass
+class SweepResult:
+    bundle_path: Path
+    results: list[ComboResult]
+
+    @property
+    def failed(self) -> list[ComboResult]:
+        return [r for r in self.results if r.failure is not None]
+
+
+def bundle_path_for(out_dir: Path, sku: str, name: str) -> Path:
+    return out_dir / sku / f"{name}.json"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    # Linux: SIGKILL the worker when the sweep process dies, even by SIGKILL.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def describe_entry(e: Entry) -> str:
+    t = e.timing
+    text = f"{t.tuned_ms:.4f} ms (default {t.default_ms:.4f} ms, {e.speedup.vs_default:.2f}x"
+    if t.baseline_ms is not None and e.speedup.vs_baseline is not None:
+        text += f"; {t.baseline} {t.baseline_ms:.4f} ms, {e.speedup.vs_baseline:.2f}x"
+    return text + ")"
+
+
+@dataclasses.dataclass
+class _Running:
+    combo: Combo
+    index: int
+    slot: int | None
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    log_path: Path
+    started: float
+    deadline: float
+
+    @property
+    def result_path(self) -> Path:
+        return self.workdir / "result.json"
+
+    @property
+    def status_path(self) -> Path:
+        return self.workdir / "status.json"
+
+    def status(self) -> dict[str, object]:
+        try:
+            return json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+class Sweep:
+    def __init__(
+        self,
+        combos: list[Combo],
+        *,
+        budget: Budget,
+        tolerances: dict[str, Tolerance],
+        target_sku: str,
+        bundle_name: str,
+        spec_ref: SpecRef | None,
+        options: SweepOptions,
+        console: Console,
+    ) -> None:
+        self.combos = combos
+        self.budget = budget
+        self.tolerances = tolerances
+        self.target_sku = target_sku
+        self.bundle_name = bundle_name
+        self.spec_ref = spec_ref
+        self.opt = options
+        self.console = console
+
+    # --- environment and bundle -------------------------------------------------------
+
+    def _environment(self) -> tuple[GpuInfo, Versions, list[int | None]]:
+        if self.opt.cpu_dry_run:
+            return env.CPU_DRY_RUN_GPU, env.versions(with_driver=False), [None]
+        count = env.cuda_device_count()
+        if count == 0:
+            raise SweepInputError(
+                "no CUDA GPU on this machine: `mamba-tune sweep` tunes on the GPU it runs on. "
+                "Run `mamba-tune plan SPEC` here to list the combos and the time estimate"
+            )
+        gpus = self.opt.gpus if self.opt.gpus is not None else list(range(count))
+        bad = [g for g in gpus if not 0 <= g < count]
+        if bad or not gpus:
+            raise SweepInputError(f"--gpus {bad or gpus}: this machine has GPUs 0..{count - 1}")
+        infos = {g: env.gpu_info(g) for g in gpus}
+        names = {i.name for i in infos.values()}
+        if len(names) > 1:
+            raise SweepInputError(f"--gpus mixes GPU models ({', '.join(sorted(names))}): one sweep, one SKU")
+        gpu = infos[gpus[0]]
+        want = GPU_SKUS[self.target_sku]
+        if (gpu.sku != want.sku or gpu.arch != want.arch) and not self.opt.allow_gpu_mismatch:
+            raise SweepInputError(
+                f"the spec targets {want.sku} ({want.arch}) but this GPU is {gpu.name} ({gpu.arch}); "
+                "pass --allow-gpu-mismatch to tune for this GPU anyway"
+            )
+        return gpu, env.versions(), list(gpus)
+
+    def _existing(self, path: Path, gpu: GpuInfo, versions: Versions) -> tuple[Bundle | None, set[str]]:
+        """The bundle to resume, and the keys in it that must be re-tuned (stale)."""
+        if not path.exists():
+            return None, set()
+        try:
+            bundle = load_bundle(path)
+        except BundleError as e:
+            raise SweepInputError(f"cannot resume: {e}; fix it, move it away, or choose another -o") from None
+        old = bundle.provenance.gpu
+        if (old.name, old.compute_capability) != (gpu.name, gpu.compute_capability):
+            raise SweepInputError(
+                f"{path} was tuned on {old.name} (sm {old.compute_capability}); this is {gpu.name} "
+                f"(sm {gpu.compute_capability}): use another -o"
+            )
+        ov = bundle.provenance.versions
+        if (ov.helion, ov.torch, ov.triton) != (versions.helion, versions.torch, versions.triton):
+            if not self.opt.force:
+                raise SweepInputError(
+                    f"{path} was tuned with helion {ov.helion}, torch {ov.torch}, triton {ov.triton}; this is "
+                    f"helion {versions.helion}, torch {versions.torch}, triton {versions.triton}. "
+                    "Pass --force to re-tune every combo of the spec (entries outside it are dropped)"
+                )
+            planned = {c.key for c in self.combos}
+            dropped = sorted(set(bundle.entries) - planned)
+            for key in dropped:
+                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
+            bundle = bundle.model_copy(update={
+                "entries": {k: v for k, v in bundle.entries.items() if k in planned},
+                "failures": {k: v for k, v in bundle.failures.items() if k in planned},
+            })
+        stale: set[str] = set()
+        kernels = all_kernels()
+        for name, prov in bundle.provenance.kernels.items():
+            tk = kernels.get(name)
+            if tk is not None and prov.source_sha256 != tk.source_sha256():
+                keys = {k for k, e in bundle.entries.items() if e.kernel == name}
+                self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
+                stale |= keys
+                # Stale entries outside this spec would keep a provenance that no longer holds.
+                planned = {c.key for c in self.combos}
+                drop = keys - planned
+                if drop:
+                    for key in sorted(drop):
+                        self.console.print(f"[yellow]dropping stale {key}: not in this spec")
+                    bundle = bundle.model_copy(
+                        update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
+        return bundle, stale
+
+    # --- workers ----------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        if self.opt.timeout_s is not None:
+            return self.opt.timeout_s
+        from autotune_cli.plan import EFFORT_SECONDS
+
+        search = float(self.budget.seconds_per_combo or EFFORT_SECONDS[self.budget.effort])
+        return 2 * search + 600
+
+    def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path) -> _Running:
+        workdir = tmp / f"combo-{index:04d}"
+        workdir.mkdir()
+        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype,
+               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
+        (workdir / "job.json").write_text(json.dumps(job))
+        child_env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        child_env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [child_env.get("PYTHONPATH")])])
+        child_env["PYTHONUNBUFFERED"] = "1"
+        if self.opt.cpu_dry_run:
+            child_env["HELION_INTERPRET"] = "1"
+        elif slot is not None:
+            child_env["CUDA_VISIBLE_DEVICES"] = str(slot)
+        log_path = log_dir / f"{index:04d}-{combo.kernel}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune_cli.worker", str(workdir / "job.json"),
+                 str(workdir / "result.json"), str(workdir / "status.json")],
+                stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        now = time.monotonic()
+        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout())
+
+    @staticmethod
+    def _kill(run: _Running) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait()
+
+    def _collect(self, run: _Running, timed_out: bool) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
+        combo = run.combo
+
+        def fail(reason: str) -> tuple[None, Failure, None]:
+            return None, Failure(kernel=combo.kernel, dims=combo.dims, dtype=combo.dtype, reason=reason,
+                                 at=env.now()), None
+
+        if timed_out:
+            return fail(f"worker timed out after {_fmt_s(self._timeout())} (log: {run.log_path})")
+        try:
+            result = json.loads(run.result_path.read_text())
+        except (OSError, ValueError):
+            tail = _tail(run.log_path)
+            return fail(f"worker exited with code {run.proc.returncode} and no result (log: {run.log_path}){tail}")
+        if "error" in result:
+            return fail(f"{result['error']} (log: {run.log_path})")
+        kernel = KernelProvenance.model_validate(result["kernel"])
+        if result["entry"] is not None:
+            return Entry.model_validate(result["entry"]), None, kernel
+        return None, Failure.model_validate(result["failure"]), kernel
+
+    # --- the run ----------------------------------------------------------------------
+
+    def run(self) -> SweepResult:
+        gpu, versions, slots = self._environment()
+        path = bundle_path_for(self.opt.out_dir, gpu.sku, self.bundle_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(f"{path}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise SweepInputError(f"another sweep is writing {path} (lock {path}.lock is held)") from None
+        try:
+            return self._run_locked(path, gpu, versions, slots)
+        finally:
+            lock.release()
+
+    def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None]) -> SweepResult:
+        bundle, stale = self._existing(path, gpu, versions)
+        done = set() if bundle is None else set(bundle.entries)
+        todo = [c for c in self.combos if self.opt.force or c.key not in done or c.key in stale]
+        skipped = [c for c in self.combos if c not in todo]
+        results = [ComboResult(c, bundle.entries[c.key] if bundle else None, None, 0.0, skipped=True) for c in skipped]
+        con = self.console
+        where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
+            f"{gpu.name} x{len(slots)}"
+        con.print(f"sweep {self.bundle_name}: {len(self.combos)} combos, {len(skipped)} already in {path}, "
+                  f"{len(todo)} to tune on {where}")
+        if not todo:
+            return SweepResult(path, results)
+
+        log_dir = self.opt.log_dir / gpu.sku / self.bundle_name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        created = bundle.provenance.created if bundle else env.now()
+        kernels_prov: dict[str, KernelProvenance] = dict(bundle.provenance.kernels) if bundle else {}
+        base = bundle
+
+        def save(entry: Entry | None, failure: Failure | None, kprov: KernelProvenance | None) -> None:
+            nonlocal base
+            stamp = env.now()
+            if kprov is not None:
+                kernels_prov[(entry or failure).kernel] = kprov  # type: ignore[union-attr]
+            prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=created, updated=stamp,
+                              gpu=gpu, versions=versions, spec=self.spec_ref, kernels=dict(kernels_prov))
+            cur = base or Bundle(provenance=prov)
+            cur = cur.model_copy(update={"provenance": prov})
+            cur = cur.with_entry(entry, updated=stamp) if entry is not None else cur.with_failure(failure, updated=stamp)  # type: ignore[arg-type]
+            write_bundle(cur, path)
+            base = cur
+
+        queue = list(enumerate(todo, start=1))
+        running: list[_Running] = []
+        free: list[int | None] = list(slots)
+        t0 = time.monotonic()
+        durations: list[float] = []
+        last_note = 0.0
+        n = len(todo)
+        finished = 0
+        def eta() -> str:
+            remaining = n - finished
+            if not remaining:
+                return "0m00s"
+            # Until a combo finishes, the plan's estimate for this budget.
+            per = (sum(durations) / len(durations)) if durations else estimate_seconds_for(self.budget)
+            return _fmt_s(per * remaining / len(slots))
+
+        with tempfile.TemporaryDirectory(prefix="mamba-tune-sweep-") as tmpdir, con.status("") as status:
+            tmp = Path(tmpdir)
+            try:
+                while queue or running:
+                    while queue and free:
+                        i, combo = queue.pop(0)
+                        slot = free.pop(0)
+                        running.append(self._start(combo, i, slot, tmp, log_dir))
+                    time.sleep(0.5)
+                    now = time.monotonic()
+                    for run in list(running):
+                        timed_out = run.proc.poll() is None and now > run.deadline
+                        if run.proc.poll() is None and not timed_out:
+                            continue
+                        if timed_out:
+                            self._kill(run)
+                        running.remove(run)
+                        free.append(run.slot)
+                        entry, failure, kprov = self._collect(run, timed_out)
+                        save(entry, failure, kprov)
+                        took = now - run.started
+                        durations.append(took)
+                        finished += 1
+                        results.append(ComboResult(run.combo, entry, failure, took))
+                        head = f"[{finished}/{n}] {run.combo.label()}"
+                        if entry is not None:
+                            con.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
+                                      f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
+                        else:
+                            con.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
+                                      f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
+                    parts = []
+                    for run in running:
+                        st = run.status()
+                        best = st.get("best_ms")
+                        parts.append(
+                            f"{run.combo.kernel} {st.get('phase', 'starting')} {_fmt_s(now - run.started)}"
+                            + (f" best {best:.4f} ms" if isinstance(best, (int, float)) else "")
+                            + (f" ({st['configs']} configs)" if st.get("configs") else ""))
+                    line = (f"[{finished}/{n}] elapsed {_fmt_s(now - t0)} ETA {eta()} | " + "; ".join(parts))
+                    status.update(line)
+                    if not con.is_terminal and now - last_note > 60:
+                        con.print(line)
+                        last_note = now
+            except KeyboardInterrupt:
+                for run in running:
+                    self._kill(run)
+                con.print(f"[yellow]interrupted: {finished}/{n} combos written to {path}; "
+                          "rerun the same command to resume")
+                raise
+        return SweepResult(path, results)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return (": " + " | ".join(t.strip() for t in text[-lines:])) if text else ""
+

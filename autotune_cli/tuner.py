@@ -1,0 +1,237 @@
+"""Tune one combo: real Helion search, accuracy check against the fp32 reference, timing.
+
+Runs inside a worker process (autotune_cli.worker), one combo per process, so that a
+crash, a hang or a CUDA error in one combo cannot take the sweep down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from autotune_cli.environment import now
+from autotune_cli.spec import Budget, Tolerance
+from kernels.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
+from kernels.registry import DTYPES, Problem, TunableKernel, get
+
+
+class TuneFailure(Exception):
+    """A combo that produced no usable config; the message is the recorded reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    entry: Entry | None
+    failure: Failure | None
+    kernel: KernelProvenance
+
+
+def ref_mode(tk: TunableKernel) -> bool:
+    """Helion ref mode (HELION_INTERPRET=1): kernel bodies run eagerly, nothing compiles."""
+    from helion.runtime.settings import RefMode
+
+    return tk.kernel.settings.ref_mode != RefMode.OFF
+
+
+def check_accuracy(problem: Problem, result: Any, tol: Tolerance) -> Accuracy:
+    """err(kernel) <= factor * err(eager torch in the same dtype) + atol, per output."""
+    got = problem.outputs(result)
+    ref = problem.reference()
+    lowp = problem.lowp_reference()
+    max_err: dict[str, float] = {}
+    lowp_err: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    passed = True
+    for name, r in ref.items():
+        if name not in got:
+            raise TuneFailure(f"kernel output {name!r} missing (has {sorted(got)})")
+        g = got[name].float()
+        if g.shape != r.shape:
+            raise TuneFailure(f"output {name} has shape {tuple(g.shape)}, reference {tuple(r.shape)}")
+        finite = bool(torch.isfinite(g).all())
+        e = float((g - r).abs().max()) if finite else math.inf
+        el = float((lowp[name].float() - r).abs().max())
+        b = tol.factor * el + tol.atol
+        max_err[name], lowp_err[name], bound[name] = e, el, b
+        passed = passed and finite and e <= b
+    return Accuracy(passed=passed, atol=tol.atol, factor=tol.factor,
+                    max_abs_err={k: _finite(v) for k, v in max_err.items()}, lowp_abs_err=lowp_err, bound=bound)
+
+
+def _finite(v: float) -> float:
+    # JSON has no inf; a non-finite error never reaches a bundle entry (it fails the check).
+    return v if math.isfinite(v) else 1e30
+
+
+def accuracy_reason(acc: Accuracy) -> str:
+    bad = [f"{k}: err {acc.max_abs_err[k]:.3g} > bound {acc.bound[k]:.3g}"
+           for k in acc.max_abs_err if not acc.max_abs_err[k] <= acc.bound[k]]
+    return "numerics check failed against the fp32 reference (" + "; ".join(bad) + ")"
+
+
+def bench_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median ms: triton.testing.do_bench on CUDA (L2 flushed between runs), wall clock on CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+class _Heartbeat:
+    """Writes {'phase', 'best_ms', 'configs'} to a status file while the search runs."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.phase = "starting"
+        self.search: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        if self.path:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.write()
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        best = getattr(self.search, "best_perf_so_far", math.inf) if self.search is not None else math.inf
+        metrics = getattr(self.search, "_autotune_metrics", None)
+        status = {"phase": self.phase, "best_ms": best if math.isfinite(best) else None,
+                  "configs": getattr(metrics, "num_configs_tested", None), "time": time.time()}
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(status, f)
+        os.replace(tmp, self.path)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(2.0):
+            try:
+                self.write()
+            except OSError:
+                pass
+
+
+def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat) -> tuple[Any, int | None]:
+    from helion.autotuner import search_algorithms
+    from helion.autotuner.effort_profile import get_effort_profile
+
+    settings = bound.settings
+    settings.autotune_random_seed = budget.seed
+    settings.autotune_effort = budget.effort
+    settings.autotune_budget_seconds = budget.seconds_per_combo
+    settings.autotune_max_generations = budget.max_generations
+    settings.autotune_progress_bar = False
+    cls = search_algorithms[budget.algorithm]
+    kwargs = cls.get_kwargs_from_profile(get_effort_profile(budget.effort), settings)
+    search = cls(bound, problem.args, **kwargs)
+    hb.search = search
+    best = search.autotune(skip_cache=True)
+    metrics = getattr(search, "_autotune_metrics", None)
+    return best, getattr(metrics, "num_configs_tested", None)
+
+
+def tune(
+    kernel_name: str,
+    dims: dict[str, int],
+    dtype_name: str,
+    budget: Budget,
+    tol: Tolerance,
+    *,
+    status_path: str | None = None,
+) -> Outcome:
+    tk = get(kernel_name)
+    dtype = DTYPES[dtype_name]
+    interpret = ref_mode(tk)
+    device = torch.device("cpu" if interpret else "cuda")
+    if not interpret and not torch.cuda.is_available():
+        raise TuneFailure("no CUDA GPU visible to the worker")
+    problem = tk.make_problem(dims, dtype, device, budget.seed)
+    bound = tk.kernel.bind(problem.args)
+    default = bound.config_spec.default_config()
+    prov = KernelProvenance(source_sha256=tk.source_sha256(),
+                            config_spec_fingerprint=bound.config_spec.structural_fingerprint_hash())
+
+    def failure(reason: str) -> Outcome:
+        return Outcome(None, Failure(kernel=kernel_name, dims=dims, dtype=dtype_name, reason=reason, at=now()), prov)
+
+    with _Heartbeat(status_path) as hb:
+        t0 = time.perf_counter()
+        if interpret or budget.effort == "none":
+            # No search: ref mode has no compiled code to time; effort none means "default".
+            best, tried = default, 1
+        else:
+            hb.phase = "searching"
+            try:
+                best, tried = _search(tk, bound, problem, budget, hb)
+            except Exception as e:  # a search that finds nothing usable
+                return failure(f"autotune failed: {type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+
+        hb.phase = "checking"
+
+        def compiled(cfg: Any) -> Callable[..., Any]:
+            return tk.kernel if interpret else bound.compile_config(cfg, allow_print=False)
+
+        # Check the winner on fresh inputs (another seed), not the ones it was tuned on.
+        check = tk.make_problem(dims, dtype, device, budget.seed + 1)
+        fn_best, fn_default = compiled(best), compiled(default)
+        acc = check_accuracy(check, check.run(fn_best), tol)
+        config = best
+        if not acc.passed:
+            acc_default = check_accuracy(check, check.run(fn_default), tol)
+            if acc_default.passed:
+                return failure(accuracy_reason(acc) + "; the default config passes: the search winner is rejected")
+            return failure(accuracy_reason(acc) + "; the default config fails too: the kernel is wrong at this shape")
+
+        hb.phase = "timing"
+        t_best = bench_ms(lambda: problem.run(fn_best), device)
+        # The same config timed twice would only report noise as a speedup.
+        t_default = t_best if best == default else bench_ms(lambda: problem.run(fn_default), device)
+        if t_default < t_best:
+            # The search measured the kernel alone; the full op (with epilogue) says default wins.
+            config, t_best = default, t_default
+        baseline_ms = baseline_name = None
+        if tk.make_baseline is not None:
+            base = tk.make_baseline(dims, dtype, device, budget.seed)
+            if base is not None:
+                baseline_ms, baseline_name = bench_ms(base.fn, device), base.name
+        gbps = problem.bytes_moved / (t_best * 1e-3) / 1e9 if problem.bytes_moved else None
+        tflops = problem.flops / (t_best * 1e-3) / 1e12 if problem.flops else None
+
+    entry = Entry(
+        kernel=kernel_name,
+        dims=dims,
+        dtype=dtype_name,
+        config=json.loads(config.to_json()),
+        timing=Timing(tuned_ms=t_best, default_ms=t_default, baseline_ms=baseline_ms, baseline=baseline_name,
+                      gbps=gbps, tflops=tflops),
+        speedup=Speedup(vs_default=t_default / t_best,
+                        vs_baseline=None if baseline_ms is None else baseline_ms / t_best),
+        search=Search(algorithm="none" if (interpret or budget.effort == "none") else budget.algorithm,
+                      effort="none" if interpret else budget.effort, configs_tried=tried, seconds=round(seconds, 2),
+                      seed=budget.seed, budget_seconds=budget.seconds_per_combo,
+                      max_generations=budget.max_generations),
+        accuracy=acc,
+        tuned_at=now(),
+    )
+    return Outcome(entry, None, prov)

@@ -1,0 +1,47 @@
+"""Worker process: tune one combo and write the outcome as JSON.
+
+    python -m autotune_cli.worker JOB.json RESULT.json [STATUS.json]
+
+The sweep starts one worker per combo, pinned to one GPU with CUDA_VISIBLE_DEVICES.
+Exit code 0 with a result file (entry or failure); anything else is a crash the parent
+records as a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = argv[0], argv[1]
+    status_path = argv[2] if len(argv) > 2 else None
+    with open(job_path) as f:
+        job = json.load(f)
+    from autotune_cli.spec import Budget, Tolerance
+    from autotune_cli.tuner import TuneFailure, tune
+
+    try:
+        outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
+                       Tolerance.model_validate(job["tolerance"]), status_path=status_path)
+        result = {
+            "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),
+            "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),
+            "kernel": outcome.kernel.model_dump(mode="json"),
+        }
+    except TuneFailure as e:
+        result = {"error": str(e)}
+    except Exception as e:
+        traceback.print_exc()
+        result = {"error": f"{type(e).__name__}: {e}"}
+    tmp = f"{result_path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

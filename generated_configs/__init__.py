@@ -1,0 +1,1 @@
+"""Tuned config bundles (data): generated_configs/<gpu sku>/<spec name>.json."""

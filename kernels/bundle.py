@@ -1,0 +1,281 @@
+"""Config bundle format v1: validated JSON, never executable code.
+
+A bundle holds the tuned Helion configs of one sweep on one GPU. The CLI writes it
+(`mamba-tune sweep`), reviews it (`diff`, `check`, `verify`) and the kernels load it at
+run time (`kernels.runtime`). This module is the single definition of the format, so it
+depends on pydantic and the standard library only (no torch, no helion).
+
+Layout (keys sorted, two-space indent, lists of scalars on one line, so that a
+`git diff` of a bundle shows one block per changed entry):
+
+    {
+      "entries": {"<kernel>|<dim>=<v>,...|<dtype>": Entry, ...},
+      "failures": {"<same key form>": Failure, ...},
+      "provenance": Provenance,
+      "schema_version": 1
+    }
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be used; the message is one line naming the file and the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInfo(_Model):
+    name: str = Field(description="torch.cuda.get_device_name(), e.g. 'NVIDIA H200'")
+    sku: str = Field(description="short SKU used in paths and specs, e.g. 'h200'")
+    arch: str = Field(description="'sm90' for compute capability 9.0")
+    compute_capability: str = Field(description="'9.0'")
+    sm_count: int
+
+
+class Versions(_Model):
+    helion: str
+    torch: str
+    triton: str
+    cuda: str | None = None
+    driver: str | None = None
+    python: str
+
+
+class SpecRef(_Model):
+    name: str
+    path: str
+    sha256: str
+
+
+class KernelProvenance(_Model):
+    source_sha256: str = Field(description="sha256 of the Helion kernel's source text")
+    config_spec_fingerprint: str | None = Field(
+        default=None, description="Helion ConfigSpec.structural_fingerprint_hash() at tuning time"
+    )
+
+
+class Provenance(_Model):
+    tool_version: str
+    git_sha: str | None = None
+    created: str
+    updated: str
+    gpu: GpuInfo
+    versions: Versions
+    spec: SpecRef | None = None
+    kernels: dict[str, KernelProvenance] = Field(default_factory=dict)
+
+
+class Timing(_Model):
+    tuned_ms: float
+    default_ms: float
+    baseline_ms: float | None = None
+    baseline: str | None = Field(default=None, description="what baseline_ms timed, e.g. 'mamba-ssm 2.3.2.post1'")
+    gbps: float | None = Field(default=None, description="achieved GB/s of the tuned config (memory-bound kernels)")
+    tflops: float | None = Field(default=None, description="achieved TFLOP/s of the tuned config")
+
+
+class Speedup(_Model):
+    vs_default: float
+    vs_baseline: float | None = None
+
+
+class Search(_Model):
+    algorithm: str
+    effort: str
+    configs_tried: int | None = None
+    seconds: float
+    seed: int
+    budget_seconds: int | None = None
+    max_generations: int | None = None
+
+
+class Accuracy(_Model):
+    passed: bool
+    atol: float
+    factor: float
+    max_abs_err: dict[str, float] = Field(description="kernel vs fp32 reference, per output")
+    lowp_abs_err: dict[str, float] = Field(description="eager torch in the same dtype vs fp32 reference")
+    bound: dict[str, float] = Field(description="factor * lowp_abs_err + atol, per output")
+
+
+class Entry(_Model):
+    kernel: str
+    dims: dict[str, int]
+    dtype: Literal["bf16", "fp16", "fp32"]
+    config: dict[str, Any]
+    timing: Timing
+    speedup: Speedup
+    search: Search
+    accuracy: Accuracy
+    tuned_at: str
+
+    @property
+    def key(self) -> str:
+        return entry_key(self.kernel, self.dims, self.dtype)
+
+
+class Failure(_Model):
+    kernel: str
+    dims: dict[str, int]
+    dtype: Literal["bf16", "fp16", "fp32"]
+    reason: str
+    at: str
+
+
+class Bundle(_Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    provenance: Provenance
+    entries: dict[str, Entry] = Field(default_factory=dict)
+    failures: dict[str, Failure] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keys_match(self) -> Bundle:
+        for where in ("entries", "failures"):
+            for key, item in getattr(self, where).items():
+                want = entry_key(item.kernel, item.dims, item.dtype)
+                if key != want:
+                    raise ValueError(f"{where}[{key!r}]: key does not match its fields (expected {want!r})")
+        for key, entry in self.entries.items():
+            if not entry.accuracy.passed:
+                raise ValueError(f"entries[{key!r}]: accuracy.passed is false; a failed config is a failure, not an entry")
+            for name, value in entry.timing.model_dump().items():
+                if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"entries[{key!r}].timing.{name}: must be a positive finite number, got {value}")
+        return self
+
+    def with_entry(self, entry: Entry, *, updated: str) -> Bundle:
+        entries = dict(self.entries)
+        entries[entry.key] = entry
+        failures = {k: v for k, v in self.failures.items() if k != entry.key}
+        prov = self.provenance.model_copy(update={"updated": updated})
+        return self.model_copy(update={"entries": entries, "failures": failures, "provenance": prov})
+
+    def with_failure(self, failure: Failure, *, updated: str) -> Bundle:
+        failures = dict(self.failures)
+        key = entry_key(failure.kernel, failure.dims, failure.dtype)
+        failures[key] = failure
+        prov = self.provenance.model_copy(update={"updated": updated})
+        return self.model_copy(update={"failures": failures, "provenance": prov})
+
+
+def entry_key(kernel: str, dims: dict[str, int], dtype: str) -> str:
+    """`kernel|d1=v1,d2=v2|dtype` with the dims sorted by name (the file's key order too)."""
+    return f"{kernel}|{','.join(f'{k}={dims[k]}' for k in sorted(dims))}|{dtype}"
+
+
+def parse_key(key: str) -> tuple[str, dict[str, int], str]:
+    try:
+        kernel, dims_text, dtype = key.split("|")
+        dims = {k: int(v) for k, v in (item.split("=") for item in dims_text.split(",") if item)}
+    except ValueError as e:
+        raise BundleError(f"malformed entry key {key!r}: expected 'kernel|dim=int,...|dtype'") from e
+    return kernel, dims, dtype
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+    msg = e["msg"].removeprefix("Value error, ")
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc or '<root>'}: {msg}{more}"
+
+
+def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
+    """Parse and validate a bundle; raise BundleError with one line naming `source` and the field."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{source}:{e.lineno}: not valid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{source}: a bundle is a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(
+            f"{source}: schema_version {version!r} is not supported (this mamba-tune reads {SCHEMA_VERSION})"
+        )
+    try:
+        return Bundle.model_validate(data)
+    except ValidationError as e:
+        raise BundleError(f"{source}: {_first_error(e)}") from None
+
+
+def load_bundle(path: str | os.PathLike[str]) -> Bundle:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise BundleError(f"{p}: cannot read: {e.strerror}") from None
+    return parse_bundle(text, source=str(p))
+
+
+def _dump(value: Any, indent: int) -> str:
+    pad = "  " * indent
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f'{pad}  {json.dumps(str(k))}: {_dump(value[k], indent + 1)}' for k in sorted(value)]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list):
+        # Lists of scalars stay on one line: Helion configs are full of short int lists.
+        if all(not isinstance(v, (dict, list)) for v in value) or all(
+            isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v) for v in value
+        ):
+            return json.dumps(value, separators=(", ", ": "))
+        items = [f"{pad}  {_dump(v, indent + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BundleError(f"cannot write non-finite number {value} to a bundle")
+    return json.dumps(value)
+
+
+def dumps_bundle(bundle: Bundle) -> str:
+    return _dump(bundle.model_dump(mode="json"), 0) + "\n"
+
+
+def write_bundle(bundle: Bundle, path: str | os.PathLike[str]) -> None:
+    """Write atomically: a temp file in the same folder, fsync, then os.replace."""
+    p = Path(path)
+    text = dumps_bundle(bundle)
+    parse_bundle(text, source=str(p))  # never write what we could not read back
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def find_bundles(paths: list[Path]) -> list[Path]:
+    """Every *.json under the given files/folders, sorted (the order ties are broken in)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*.json") if not q.name.startswith(".")))
+        elif p.suffix == ".json":
+            out.append(p)
+    return out

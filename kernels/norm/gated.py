@@ -1,0 +1,510 @@
+"""Gated RMSNorm / LayerNorm (mamba-ssm `layernorm_gated`): forward and backward in Helion.
+
+Order: Helion kernels -> host launchers (shape and dtype checks) -> autograd Function ->
+public functions and modules. Layout inside the kernels: x viewed as (rows, ngroups,
+group_size), so whole-row norms are ngroups == 1 and grouped norms need no index math.
+
+The backward's parallelism is tuned, not derived from the SM count: `rows_per_program`
+(a Helion block size) sets how many row groups run, each keeping one fp32 partial
+dweight/dbias row per group. The partials are summed in a fixed order by torch (a plain
+dim-0 reduction, no atomics), so dweight has the same bits on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels import runtime
+from kernels.reference import gated_norm_ref, gated_norm_stats_ref
+from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
+def gated_norm_fwd_kernel(
+    x: torch.Tensor,  # (rows, ngroups, group_size)
+    z: torch.Tensor | None,  # like x
+    weight: torch.Tensor,  # (ngroups, group_size)
+    bias: torch.Tensor | None,  # like weight
+    eps: float,
+    norm_before_gate: hl.constexpr,
+    is_rms_norm: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, ngroups, group_size = x.shape
+    out = torch.empty_like(x)
+    mean = torch.empty([rows, ngroups], dtype=torch.float32, device=x.device)
+    rstd = torch.empty([rows, ngroups], dtype=torch.float32, device=x.device)
+    for tile_m, tile_g in hl.tile([rows, ngroups]):
+        xv = x[tile_m, tile_g, :].to(torch.float32)
+        if z is not None:
+            zv = z[tile_m, tile_g, :].to(torch.float32)
+            if not norm_before_gate:
+                xv = xv * zv * torch.sigmoid(zv)
+        if is_rms_norm:
+            r = torch.rsqrt(torch.mean(xv * xv, dim=-1) + eps)
+            xhat = xv * r[:, :, None]
+        else:
+            mu = torch.mean(xv, dim=-1)
+            xc = xv - mu[:, :, None]
+            r = torch.rsqrt(torch.mean(xc * xc, dim=-1) + eps)
+            xhat = xc * r[:, :, None]
+            mean[tile_m, tile_g] = mu
+        y = xhat * weight[tile_g, :].to(torch.float32)[None, :, :]
+        if bias is not None:
+            y = y + bias[tile_g, :].to(torch.float32)[None, :, :]
+        if z is not None:
+            if norm_before_gate:
+                y = y * zv * torch.sigmoid(zv)
+        out[tile_m, tile_g, :] = y.to(out.dtype)
+        rstd[tile_m, tile_g] = r
+    return out, mean, rstd
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
+def gated_norm_bwd_kernel(
+    dy: torch.Tensor,  # (rows, ngroups, group_size)
+    x: torch.Tensor,  # like dy
+    z: torch.Tensor | None,  # like dy
+    weight: torch.Tensor,  # (ngroups, group_size)
+    bias: torch.Tensor | None,  # like weight
+    mean: torch.Tensor | None,  # (rows, ngroups) fp32, LayerNorm only
+    rstd: torch.Tensor,  # (rows, ngroups) fp32
+    norm_before_gate: hl.constexpr,
+    is_rms_norm: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    rows, ngroups, group_size = x.shape
+    # Rows per program: the tuned parallelism (mamba-ssm fixes it from the SM count).
+    rows_per_program = hl.register_block_size(rows)
+    nprog = (rows + rows_per_program - 1) // rows_per_program
+    dx = torch.empty_like(x)
+    dz = torch.empty_like(x) if z is not None else None
+    dw_part = torch.empty([nprog, ngroups, group_size], dtype=torch.float32, device=x.device)
+    db_part = (
+        torch.empty([nprog, ngroups, group_size], dtype=torch.float32, device=x.device)
+        if bias is not None
+        else None
+    )
+    for tile_p, tile_g in hl.tile([rows, ngroups], block_size=[rows_per_program, None]):
+        w = weight[tile_g, :].to(torch.float32)
+        acc_dw = hl.zeros([tile_g, group_size], dtype=torch.float32)
+        acc_db = hl.zeros([tile_g, group_size], dtype=torch.float32)
+        for tile_m in hl.tile(tile_p.begin, tile_p.end):
+            xv = x[tile_m, tile_g, :].to(torch.float32)
+            dyv = dy[tile_m, tile_g, :].to(torch.float32)
+            r = rstd[tile_m, tile_g][:, :, None]
+            if z is not None:
+                zv = z[tile_m, tile_g, :].to(torch.float32)
+                sz = torch.sigmoid(zv)
+                if not norm_before_gate:
+                    x_og = xv
+                    xv = x_og * zv * sz
+            if is_rms_norm:
+                xhat = xv * r
+            else:
+                xhat = (xv - mean[tile_m, tile_g][:, :, None]) * r
+            if z is not None:
+                if norm_before_gate:
+                    y = xhat * w[None, :, :]
+                    if bias is not None:
+                        y = y + bias[tile_g, :].to(torch.float32)[None, :, :]
+                    dz[tile_m, tile_g, :] = (dyv * y * sz * (1.0 + zv * (1.0 - sz))).to(dz.dtype)
+                    dyv = dyv * zv * sz
+            wdy = w[None, :, :] * dyv
+            c1 = torch.sum(xhat * wdy, dim=-1) / group_size
+            if is_rms_norm:
+                dxv = (wdy - xhat * c1[:, :, None]) * r
+            else:
+                c2 = torch.sum(wdy, dim=-1) / group_size
+                dxv = (wdy - (xhat * c1[:, :, None] + c2[:, :, None])) * r
+            acc_dw = acc_dw + torch.sum(dyv * xhat, dim=0)
+            if bias is not None:
+                acc_db = acc_db + torch.sum(dyv, dim=0)
+            if z is not None:
+                if not norm_before_gate:
+                    dz[tile_m, tile_g, :] = (dxv * x_og * sz * (1.0 + zv * (1.0 - sz))).to(dz.dtype)
+                    dxv = dxv * zv * sz
+            dx[tile_m, tile_g, :] = dxv.to(dx.dtype)
+        dw_part[tile_p.id, tile_g, :] = acc_dw
+        if bias is not None:
+            db_part[tile_p.id, tile_g, :] = acc_db
+    return dx, dz, dw_part, db_part
+
+
+# --- host launchers -------------------------------------------------------------------
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    z: torch.Tensor | None,
+    group_size: int | None,
+) -> int:
+    if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
+        raise ValueError(f"gated norm: x must be a non-empty tensor (..., d), got shape {tuple(x.shape)}")
+    d = x.shape[-1]
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"gated norm: x dtype {x.dtype} is not one of fp32, fp16, bf16")
+    if weight.shape != (d,):
+        raise ValueError(f"gated norm: weight shape {tuple(weight.shape)} != ({d},) (the last dim of x)")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"gated norm: weight dtype {weight.dtype} is not one of fp32, fp16, bf16")
+    if bias is not None and (bias.shape != (d,) or bias.dtype not in _FLOAT_DTYPES):
+        raise ValueError(f"gated norm: bias must be ({d},) float, got {tuple(bias.shape)} {bias.dtype}")
+    if z is not None:
+        if z.shape != x.shape:
+            raise ValueError(f"gated norm: z shape {tuple(z.shape)} != x shape {tuple(x.shape)}")
+        if z.dtype != x.dtype:
+            raise ValueError(f"gated norm: z dtype {z.dtype} != x dtype {x.dtype}")
+    for name, t in (("weight", weight), ("bias", bias), ("z", z)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"gated norm: {name} is on {t.device}, x is on {x.device}")
+    gs = d if group_size is None else int(group_size)
+    if gs <= 0 or d % gs != 0:
+        raise ValueError(f"gated norm: group_size {group_size} does not divide d={d}")
+    return gs
+
+
+def _fwd(x2, z2, weight, bias, eps, group_size, norm_before_gate, is_rms_norm):
+    rows, d = x2.shape
+    g = d // group_size
+    args = (
+        x2.view(rows, g, group_size),
+        None if z2 is None else z2.view(rows, g, group_size),
+        weight.view(g, group_size),
+        None if bias is None else bias.view(g, group_size),
+        float(eps),
+        bool(norm_before_gate),
+        bool(is_rms_norm),
+    )
+    out, mean, rstd = runtime.run(GATED_NORM_FWD, args)
+    return out.view(rows, d), (None if is_rms_norm else mean), rstd
+
+
+def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is_rms_norm):
+    rows, d = x2.shape
+    g = d // group_size
+    v3 = (rows, g, group_size)
+    args = (
+        dy2.view(v3),
+        x2.view(v3),
+        None if z2 is None else z2.view(v3),
+        weight.view(g, group_size),
+        None if bias is None else bias.view(g, group_size),
+        mean,
+        rstd,
+        bool(norm_before_gate),
+        bool(is_rms_norm),
+    )
+    dx, dz, dw_part, db_part = runtime.run(GATED_NORM_BWD, args)
+    # Fixed-order reduction of the partials: deterministic dweight/dbias.
+    dw = dw_part.sum(0).view(d).to(weight.dtype)
+    db = None if db_part is None else db_part.sum(0).view(d).to(bias.dtype)
+    return dx.view(rows, d), (None if dz is None else dz.view(rows, d)), dw, db
+
+
+# --- autograd -------------------------------------------------------------------------
+
+
+class GatedNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm):
+        gs = _check_inputs(x, weight, bias, z, group_size)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        z2 = None if z is None else z.reshape(-1, shape[-1]).contiguous()
+        weight = weight.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        out, mean, rstd = _fwd(x2, z2, weight, bias, eps, gs, norm_before_gate, is_rms_norm)
+        ctx.save_for_backward(x2, weight, bias, mean, rstd, z2)
+        ctx.shape, ctx.group_size = shape, gs
+        ctx.norm_before_gate, ctx.is_rms_norm = norm_before_gate, is_rms_norm
+        return out.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, bias, mean, rstd, z2 = ctx.saved_tensors
+        dy2 = dy.reshape(x2.shape).contiguous()
+        if dy2.dtype != x2.dtype:
+            dy2 = dy2.to(x2.dtype)
+        dx, dz, dw, db = _bwd(
+            dy2, x2, z2, weight, bias, mean, rstd, ctx.group_size, ctx.norm_before_gate, ctx.is_rms_norm
+        )
+        dz = None if dz is None else dz.view(ctx.shape)
+        return dx.view(ctx.shape), dw, db, dz, None, None, None, None
+
+
+# --- public API (same signatures as mamba_ssm.ops.triton.layernorm_gated) -------------
+
+
+def layernorm_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    z: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+    is_rms_norm: bool = False,
+) -> torch.Tensor:
+    """Gated LayerNorm/RMSNorm.
+
+    x, z: (..., d); weight, bias: (d,); group_size divides d (None: the whole row).
+    Returns norm(x) * silu(z) if norm_before_gate else norm(x * silu(z)), shaped like x.
+    """
+    return GatedNormFn.apply(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm)
+
+
+def rmsnorm_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    z: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+) -> torch.Tensor:
+    """Gated RMSNorm: `layernorm_fn(..., is_rms_norm=True)`."""
+    return GatedNormFn.apply(x, weight, bias, z, eps, group_size, norm_before_gate, True)
+
+
+class LayerNormGated(torch.nn.Module):
+    """mamba_ssm.ops.triton.layernorm_gated.LayerNorm: weight and bias, optional z gate."""
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(hidden_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.init.ones_(self.weight)
+        torch.nn.init.zeros_(self.bias)
+
+    def forward(self, x, z=None):
+        return layernorm_fn(x, self.weight, self.bias, z=z, group_size=self.group_size, eps=self.eps,
+                            norm_before_gate=self.norm_before_gate)
+
+
+class RMSNormGated(torch.nn.Module):
+    """mamba_ssm.ops.triton.layernorm_gated.RMSNorm (imported as RMSNormGated by Mamba2)."""
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, **factory))
+        self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.init.ones_(self.weight)
+
+    def forward(self, x, z=None):
+        return rmsnorm_fn(x, self.weight, self.bias, z=z, eps=self.eps, group_size=self.group_size,
+                          norm_before_gate=self.norm_before_gate)
+
+
+# --- tuning records -------------------------------------------------------------------
+
+NORM_DIMS = ("rows", "d", "group_size", "has_z", "norm_before_gate", "has_bias", "is_rms", "weight_fp32")
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
+    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, fp32 weight.
+    d = shape.nheads * shape.headdim
+    return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
+            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": 1}
+
+
+def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    x, z, w, b, _eps, nbg, rms = args
+    rows, g, gs = x.shape
+    return {"rows": rows, "d": g * gs, "group_size": gs, "has_z": int(z is not None), "norm_before_gate": int(nbg),
+            "has_bias": int(b is not None), "is_rms": int(rms), "weight_fp32": int(w.dtype == torch.float32)}
+
+
+def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    dy, x, z, w, b, _mean, _rstd, nbg, rms = args
+    return _fwd_dims_from_args((x, z, w, b, 0.0, nbg, rms))
+
+
+class _NormInputs:
+    """Random inputs for one norm problem (seeded), in the layouts the kernels take."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
+        wdtype = torch.float32 if dims["weight_fp32"] else dtype
+
+        def rand(*shape, dt=dtype, scale=1.0, offset=0.0):
+            return (torch.randn(*shape, generator=gen) * scale + offset).to(dt).to(device)
+
+        self.x = rand(rows, d)
+        self.z = rand(rows, d) if dims["has_z"] else None
+        self.w = rand(d, dt=wdtype, scale=0.1, offset=1.0)
+        self.b = rand(d, dt=wdtype, scale=0.1) if dims["has_bias"] else None
+        self.dy = rand(rows, d)
+        self.eps = 1e-6
+        self.gs = gs
+        self.nbg = bool(dims["norm_before_gate"])
+        self.rms = bool(dims["is_rms"])
+
+    def ref(self, upcast: bool, with_grad: bool):
+        leaves = [t for t in (self.x, self.z, self.w, self.b)]
+        if upcast:
+            leaves = [None if t is None else t.float() for t in leaves]
+        leaves = [None if t is None else t.detach().requires_grad_(with_grad) for t in leaves]
+        x, z, w, b = leaves
+        out = gated_norm_ref(x, w, b, z, self.eps, self.gs, self.nbg, self.rms, upcast=False)
+        if not with_grad:
+            return {"out": out.float()}
+        grads = torch.autograd.grad(out, [t for t in leaves if t is not None], self.dy.to(out.dtype))
+        names = [n for n, t in zip(("dx", "dz", "dw", "db"), leaves) if t is not None]
+        return {n: g.float() for n, g in zip(names, grads)}
+
+
+def _norm_bytes(dims: dict[str, int], dtype: torch.dtype, bwd: bool) -> int:
+    rows, d = dims["rows"], dims["d"]
+    e = torch.finfo(dtype).bits // 8
+    n_in = 1 + dims["has_z"] + (1 if bwd else 0)  # x, z, (dy)
+    n_out = 1 + (dims["has_z"] if bwd else 0)  # out | dx, dz
+    stats = rows * (d // dims["group_size"]) * 4 * (1 if dims["is_rms"] else 2)
+    return rows * d * e * (n_in + n_out) + stats
+
+
+def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = _NormInputs(dims, dtype, device, seed)
+    rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
+    v3 = (rows, d // gs, gs)
+    args = (inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
+            None if inp.b is None else inp.b.view(-1, gs), inp.eps, inp.nbg, inp.rms)
+    return Problem(
+        args=args,
+        reference=lambda: inp.ref(upcast=True, with_grad=False),
+        lowp_reference=lambda: inp.ref(upcast=False, with_grad=False),
+        outputs=lambda res: {"out": res[0].reshape(rows, d).float()},
+        bytes_moved=_norm_bytes(dims, dtype, bwd=False),
+    )
+
+
+def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = _NormInputs(dims, dtype, device, seed)
+    rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
+    v3 = (rows, d // gs, gs)
+    mean, rstd = gated_norm_stats_ref(inp.x, inp.z, inp.eps, gs, inp.nbg, inp.rms)
+    args = (inp.dy.view(v3), inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
+            None if inp.b is None else inp.b.view(-1, gs), mean, rstd.contiguous(), inp.nbg, inp.rms)
+
+    def outputs(res):
+        dx, dz, dw, db = res
+        out = {"dx": dx.reshape(rows, d).float()}
+        if dz is not None:
+            out["dz"] = dz.reshape(rows, d).float()
+        out["dw"] = dw.reshape(d).float()
+        if db is not None:
+            out["db"] = db.reshape(d).float()
+        return out
+
+    return Problem(
+        args=args,
+        reference=lambda: inp.ref(upcast=True, with_grad=True),
+        lowp_reference=lambda: inp.ref(upcast=False, with_grad=True),
+        outputs=outputs,
+        bytes_moved=_norm_bytes(dims, dtype, bwd=True),
+        # The full backward is the kernel plus the fixed-order partial sums.
+        call=lambda fn: _with_partial_sums(fn(*args), inp.w.dtype),
+    )
+
+
+def _with_partial_sums(res, wdtype):
+    dx, dz, dw_part, db_part = res
+    return dx, dz, dw_part.sum(0).to(wdtype), None if db_part is None else db_part.sum(0).to(wdtype)
+
+
+def _mamba_ssm_norm():
+    try:
+        from mamba_ssm.ops.triton import layernorm_gated
+    except ImportError:
+        return None
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("mamba_ssm")
+    except importlib.metadata.PackageNotFoundError:
+        import mamba_ssm
+
+        version = getattr(mamba_ssm, "__version__", "?")
+    return layernorm_gated, f"mamba-ssm {version}"
+
+
+def _baseline_fwd(dims, dtype, device, seed) -> Baseline | None:
+    found = _mamba_ssm_norm()
+    if found is None or device.type != "cuda":
+        return None
+    lg, name = found
+    inp = _NormInputs(dims, dtype, device, seed)
+
+    def fn():
+        return lg._layer_norm_fwd(inp.x, inp.w, inp.b, inp.eps, z=inp.z, group_size=inp.gs,
+                                  norm_before_gate=inp.nbg, is_rms_norm=inp.rms)
+
+    return Baseline(name, fn)
+
+
+def _baseline_bwd(dims, dtype, device, seed) -> Baseline | None:
+    found = _mamba_ssm_norm()
+    if found is None or device.type != "cuda":
+        return None
+    lg, name = found
+    inp = _NormInputs(dims, dtype, device, seed)
+    _, mean, rstd = lg._layer_norm_fwd(inp.x, inp.w, inp.b, inp.eps, z=inp.z, group_size=inp.gs,
+                                       norm_before_gate=inp.nbg, is_rms_norm=inp.rms)
+
+    def fn():
+        return lg._layer_norm_bwd(inp.dy, inp.x, inp.w, inp.b, inp.eps, mean, rstd, inp.z, inp.gs,
+                                  inp.nbg, inp.rms)
+
+    return Baseline(name, fn)
+
+
+GATED_NORM_FWD = register(
+    TunableKernel(
+        name="gated_norm_fwd",
+        family="norm",
+        kernel=gated_norm_fwd_kernel,
+        dims=NORM_DIMS,
+        size_dims=("rows",),
+        dims_for=_dims_for,
+        dims_from_args=_fwd_dims_from_args,
+        make_problem=_make_fwd_problem,
+        make_baseline=_baseline_fwd,
+        description="gated RMSNorm/LayerNorm forward (mamba-ssm _layer_norm_fwd_1pass_kernel)",
+    )
+)
+
+GATED_NORM_BWD = register(
+    TunableKernel(
+        name="gated_norm_bwd",
+        family="norm",
+        kernel=gated_norm_bwd_kernel,
+        dims=NORM_DIMS,
+        size_dims=("rows",),
+        dims_for=_dims_for,
+        dims_from_args=_bwd_dims_from_args,
+        make_problem=_make_bwd_problem,
+        make_baseline=_baseline_bwd,
+        description="gated RMSNorm/LayerNorm backward (mamba-ssm _layer_norm_bwd_kernel)",
+    )
+)
+
+__all__ = ["layernorm_fn", "rmsnorm_fn", "RMSNormGated", "LayerNormGated", "GATED_NORM_FWD", "GATED_NORM_BWD"]

@@ -1,0 +1,124 @@
+"""The tunable kernels: what the sweep tunes and what the runtime loads configs for.
+
+Each kernel file registers one `TunableKernel` per Helion kernel. The record tells the
+tuner how to build inputs for a shape, how to check outputs against the fp32 reference,
+what to time as a baseline; and tells the runtime which dims form the bundle key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """One Mamba-2 layer's sizes after tensor parallelism, at one batch and seqlen."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    chunk_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Inputs for one tuning combo, plus what the checker and the timer need."""
+
+    args: tuple[Any, ...]
+    # fp32 reference outputs (name -> tensor), computed by kernels.reference.
+    reference: Callable[[], dict[str, torch.Tensor]]
+    # The same reference evaluated in the low dtype (eager torch): the error bound.
+    lowp_reference: Callable[[], dict[str, torch.Tensor]]
+    # Kernel return value -> named outputs comparable with the references.
+    outputs: Callable[[Any], dict[str, torch.Tensor]]
+    # Bytes moved through device memory (each input read once, each output written once).
+    bytes_moved: int
+    flops: int = 0
+    # How to run the whole operation given the compiled kernel (kernel plus any host
+    # epilogue, e.g. summing partials); the result is what `outputs` reads. Default:
+    # the kernel alone on `args`.
+    call: Callable[[Callable[..., Any]], Any] | None = None
+
+    def run(self, fn: Callable[..., Any]) -> Any:
+        return fn(*self.args) if self.call is None else self.call(fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    name: str  # e.g. "mamba-ssm 2.3.2.post1"
+    fn: Callable[[], Any]  # a closure timed with do_bench
+
+
+@dataclasses.dataclass(frozen=True)
+class TunableKernel:
+    name: str
+    family: str
+    kernel: Any  # helion.Kernel
+    # Bundle key dims, in key order. All ints (flags are 0/1).
+    dims: tuple[str, ...]
+    # Dims that the runtime's "nearest" rule may vary (sizes, not structure).
+    size_dims: tuple[str, ...]
+    # Key dims for a layer shape; None when the kernel does not apply to it.
+    dims_for: Callable[[ModelShape], dict[str, int] | None]
+    # Key dims from the kernel's own arguments (what the runtime sees).
+    dims_from_args: Callable[[Sequence[Any]], dict[str, int]]
+    make_problem: Callable[[dict[str, int], torch.dtype, torch.device, int], Problem]
+    # Baseline (mamba-ssm) for the same problem, or None when it is not importable.
+    make_baseline: Callable[[dict[str, int], torch.dtype, torch.device, int], Baseline | None] | None = None
+    description: str = ""
+
+    def source_sha256(self) -> str:
+        return kernel_source_sha256(self.kernel)
+
+
+def kernel_source_sha256(kernel: Any) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+
+
+_REGISTRY: dict[str, TunableKernel] = {}
+
+
+def register(tk: TunableKernel) -> TunableKernel:
+    if tk.name in _REGISTRY and _REGISTRY[tk.name] is not tk:
+        raise ValueError(f"kernel {tk.name!r} registered twice")
+    bad = set(tk.size_dims) - set(tk.dims)
+    if bad:
+        raise ValueError(f"{tk.name}: size_dims {sorted(bad)} are not key dims")
+    _REGISTRY[tk.name] = tk
+    return tk
+
+
+def _load_all() -> None:
+    # Importing the kernel modules registers their kernels.
+    import kernels.norm.gated  # noqa: F401
+
+    try:
+        import kernels.ssd  # noqa: F401
+    except ImportError as e:  # the SSD family is optional until it lands
+        if "kernels.ssd" not in str(e):
+            raise
+
+
+def all_kernels() -> dict[str, TunableKernel]:
+    _load_all()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get(name: str) -> TunableKernel:
+    kernels = all_kernels()
+    if name not in kernels:
+        raise KeyError(f"unknown kernel {name!r}; known: {', '.join(kernels)}")
+    return kernels[name]

@@ -1,0 +1,306 @@
+"""Run-time config selection: load bundles once, never search.
+
+For each (kernel, shape) the first call resolves a config, compiles it once with
+`BoundKernel.compile_config` and caches the compiled callable; later calls with the
+same shapes, strides and dtypes only pay a dict lookup. The lookup order is an explicit
+mode (`configure(mode=...)`, overridable by MAMBA_TUNE_CONFIG_MODE):
+
+- ``exact``: only an entry whose key equals the call's key.
+- ``nearest`` (default): exact, else the entry of the same kernel, dtype and structural
+  dims (every dim not in the kernel's ``size_dims``) whose size dims are closest in
+  log-space, with each size dim within a factor of ``NEAREST_MAX_RATIO`` of the call's.
+- ``default``: ignore bundles and use Helion's default config.
+
+Whatever the mode, a call that finds no entry runs Helion's default config and warns
+once, naming the missing key and the command that tunes it. Bundles tuned on another
+compute capability, or for a kernel whose source has changed since, are skipped with
+one warning. Autotuning is impossible on this path: every runtime kernel is declared
+with ``autotuner_fn=refuse_autotune``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import os
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
+from kernels.registry import DTYPE_NAMES, TunableKernel, all_kernels
+
+log = logging.getLogger("mamba_tune")
+
+NEAREST_MAX_RATIO = 4.0
+ENV_CONFIGS = "MAMBA_TUNE_CONFIGS"
+ENV_MODE = "MAMBA_TUNE_CONFIG_MODE"
+
+
+class MambaTuneWarning(UserWarning):
+    """A config could not be used as tuned; the kernel runs with a fallback."""
+
+
+class Mode(str, enum.Enum):
+    exact = "exact"
+    nearest = "nearest"
+    default = "default"
+
+
+class RuntimeAutotuneError(RuntimeError):
+    pass
+
+
+def refuse_autotune(bound_kernel: Any, args: Sequence[object], **kwargs: object) -> Any:
+    """Helion `autotuner_fn` for every runtime kernel: searching at run time is a bug."""
+    raise RuntimeAutotuneError(
+        f"{getattr(bound_kernel.kernel, 'name', 'kernel')}: autotuning is disabled at run time; "
+        "tune offline with `mamba-tune sweep` or `mamba-tune tune`"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    config: dict[str, Any] | None  # None: Helion's default config
+    source: str  # "exact <bundle>", "nearest <key> <bundle>", "default"
+    key: str
+
+
+@dataclasses.dataclass
+class _Loaded:
+    # kernel name -> dtype -> list of (entry, bundle path)
+    by_kernel: dict[str, dict[str, list[tuple[Entry, Path]]]]
+    exact: dict[str, tuple[Entry, Path]]
+
+
+def default_bundle_paths() -> list[Path]:
+    env = os.environ.get(ENV_CONFIGS)
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    import generated_configs
+
+    return [Path(generated_configs.__file__).parent]
+
+
+class ConfigStore:
+    """Bundles for one compute capability, indexed for exact and nearest lookup."""
+
+    def __init__(self, paths: Sequence[Path], compute_capability: str | None, warn: Callable[[str], None]):
+        self.paths = list(paths)
+        self.compute_capability = compute_capability
+        self._warn = warn
+        self._loaded: _Loaded | None = None
+
+    def _load(self) -> _Loaded:
+        if self._loaded is not None:
+            return self._loaded
+        kernels = all_kernels()
+        by_kernel: dict[str, dict[str, list[tuple[Entry, Path]]]] = {}
+        exact: dict[str, tuple[Entry, Path]] = {}
+        for path in find_bundles(self.paths):
+            try:
+                bundle: Bundle = load_bundle(path)
+            except BundleError as e:
+                self._warn(f"ignoring bundle: {e}")
+                continue
+            gpu = bundle.provenance.gpu
+            if self.compute_capability is not None and gpu.compute_capability != self.compute_capability:
+                log.info("skipping %s: tuned on %s (sm %s), this GPU is sm %s", path, gpu.name,
+                         gpu.compute_capability, self.compute_capability)
+                continue
+            stale: set[str] = set()
+            for name, prov in bundle.provenance.kernels.items():
+                tk = kernels.get(name)
+                if tk is not None and prov.source_sha256 != tk.source_sha256():
+                    stale.add(name)
+                    self._warn(
+                        f"{path}: kernel {name} changed since it was tuned (source hash "
+                        f"{prov.source_sha256[:12]} != {tk.source_sha256()[:12]}); its entries are not used. "
+                        f"Re-tune with `mamba-tune sweep --force`"
+                    )
+            for key, entry in bundle.entries.items():
+                if entry.kernel in stale or entry.kernel not in kernels:
+                    continue
+                if key in exact:
+                    log.info("%s: %s also in %s; keeping the first", path, key, exact[key][1])
+                    continue
+                exact[key] = (entry, path)
+                by_kernel.setdefault(entry.kernel, {}).setdefault(entry.dtype, []).append((entry, path))
+        self._loaded = _Loaded(by_kernel=by_kernel, exact=exact)
+        log.info("loaded %d tuned configs from %s", len(exact), ", ".join(map(str, self.paths)))
+        return self._loaded
+
+    def resolve(self, tk: TunableKernel, dims: dict[str, int], dtype: str, mode: Mode) -> Resolution:
+        key = entry_key(tk.name, dims, dtype)
+        if mode is Mode.default:
+            return Resolution(None, "default (mode=default)", key)
+        loaded = self._load()
+        hit = loaded.exact.get(key)
+        if hit is not None:
+            return Resolution(dict(hit[0].config), f"exact {hit[1]}", key)
+        if mode is Mode.nearest:
+            near = nearest_entry(tk, dims, [e for e, _ in loaded.by_kernel.get(tk.name, {}).get(dtype, [])])
+            if near is not None:
+                path = loaded.exact[near.key][1]
+                return Resolution(dict(near.config), f"nearest {near.key} {path}", key)
+        return Resolution(None, "default", key)
+
+
+def nearest_entry(tk: TunableKernel, dims: dict[str, int], candidates: Sequence[Entry]) -> Entry | None:
+    """The documented nearest rule (see the module docstring); ties go to the smaller shape."""
+    best: tuple[float, tuple[int, ...], Entry] | None = None
+    for entry in candidates:
+        if entry.dims.keys() != dims.keys():
+            continue
+        if any(entry.dims[d] != dims[d] for d in dims if d not in tk.size_dims):
+            continue
+        dist = 0.0
+        ok = True
+        for d in tk.size_dims:
+            a, b = entry.dims[d], dims[d]
+            if a <= 0 or b <= 0 or max(a, b) / min(a, b) > NEAREST_MAX_RATIO:
+                ok = False
+                break
+            dist += abs(math.log(a / b))
+        if not ok:
+            continue
+        rank = (dist, tuple(entry.dims[d] for d in tk.size_dims), entry)
+        if best is None or rank[:2] < best[:2]:
+            best = rank
+    return None if best is None else best[2]
+
+
+def tune_command(tk: TunableKernel, dims: dict[str, int], dtype: str) -> str:
+    dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
+    return f"mamba-tune tune {tk.name} --dims {dims_text} --dtype {dtype}"
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: list[Path] | None = None
+        self.mode: Mode | None = None
+        self.stores: dict[str | None, ConfigStore] = {}
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.resolutions: dict[tuple[Any, ...], Resolution] = {}
+        self.warned: set[str] = set()
+
+    def warn_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(message, MambaTuneWarning, stacklevel=4)
+
+    def effective_mode(self) -> Mode:
+        env = os.environ.get(ENV_MODE)
+        if env:
+            try:
+                return Mode(env)
+            except ValueError:
+                self.warn_once(f"{ENV_MODE}={env!r} is not one of exact, nearest, default; using nearest")
+                return Mode.nearest
+        return self.mode or Mode.nearest
+
+    def store(self, compute_capability: str | None) -> ConfigStore:
+        store = self.stores.get(compute_capability)
+        if store is None:
+            paths = self.paths if self.paths is not None else default_bundle_paths()
+            store = ConfigStore(paths, compute_capability, self.warn_once)
+            self.stores[compute_capability] = store
+        return store
+
+
+_RT = _Runtime()
+
+
+def configure(*, bundle_paths: Sequence[str | os.PathLike[str]] | None = None, mode: Mode | str | None = None) -> None:
+    """Choose where bundles come from and the lookup mode; drops every cached config."""
+    with _RT.lock:
+        _RT.paths = None if bundle_paths is None else [Path(p) for p in bundle_paths]
+        _RT.mode = None if mode is None else Mode(mode)
+        _RT.stores.clear()
+        _RT.compiled.clear()
+        _RT.resolutions.clear()
+        _RT.warned.clear()
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    # Helion's static shapes bake sizes and strides into the code: key on all of them.
+    return tuple(
+        (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
+    )
+
+
+def _compute_capability(args: Sequence[Any]) -> str | None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(a.device)
+            return f"{major}.{minor}"
+    return None
+
+
+def _dtype_of(args: Sequence[Any]) -> str:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return DTYPE_NAMES.get(a.dtype, str(a.dtype))
+    raise ValueError("kernel call without tensor arguments")
+
+
+def resolve(tk: TunableKernel, args: Sequence[Any]) -> Resolution:
+    """Which config a call with these arguments runs (no compilation)."""
+    dims = tk.dims_from_args(args)
+    dtype = _dtype_of(args)
+    return _RT.store(_compute_capability(args)).resolve(tk, dims, dtype, _RT.effective_mode())
+
+
+def _prepare(tk: TunableKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Callable[..., Any]:
+    from helion.runtime.settings import RefMode
+
+    if tk.kernel.settings.ref_mode != RefMode.OFF:
+        # Helion ref mode (HELION_INTERPRET=1): the body runs eagerly; configs do not apply.
+        fn: Callable[..., Any] = tk.kernel
+    else:
+        res = resolve(tk, args)
+        _RT.resolutions[(tk.name, sig)] = res
+        if res.config is None:
+            cmd = tune_command(tk, tk.dims_from_args(args), _dtype_of(args))
+            _RT.warn_once(
+                f"mamba-tune: no tuned config for {res.key}; running Helion's default config. Tune it with: {cmd}"
+            )
+        log.info("%s: %s", res.key, res.source)
+        bound = tk.kernel.bind(tuple(args))
+        config = bound.config_spec.default_config() if res.config is None else _to_config(res.config)
+        fn = bound.compile_config(config, allow_print=False)
+    _RT.compiled[(tk.name, sig)] = fn
+    return fn
+
+
+def _to_config(config: dict[str, Any]) -> Any:
+    import helion
+
+    return helion.Config.from_dict(config)
+
+
+def lookup(tk: TunableKernel, args: Sequence[Any]) -> Callable[..., Any]:
+    """The compiled callable for these arguments (compiled on the first call only)."""
+    sig = _signature(args)
+    fn = _RT.compiled.get((tk.name, sig))
+    if fn is None:
+        with _RT.lock:
+            fn = _RT.compiled.get((tk.name, sig)) or _prepare(tk, args, sig)
+    return fn
+
+
+def run(tk: TunableKernel, args: Sequence[Any]) -> Any:
+    """Run a tunable kernel with its tuned config. Never searches, never syncs."""
+    return lookup(tk, args)(*args)
+
+
+def resolutions() -> dict[str, str]:
+    """Key -> source for every shape compiled so far (for logs and `mamba-tune bench`)."""
+    return {r.key: r.source for r in _RT.resolutions.values()}
