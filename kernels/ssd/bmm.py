@@ -1,0 +1,159 @@
+"""F4 of the SSD forward: CB = C B^T inside each chunk, per group.
+
+CB[b, c, g, i, j] = sum_n C[c*Q + i, g, n] * B[c*Q + j, g, n]; zero for rows or columns
+past seqlen and, with seq_idx, between positions of different sequences.
+
+Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
+tuning record. One program owns a block_m-row slice of one chunk of one group and all
+the chunk's columns in block_n steps, each a tensor-core dot over dstate in block_k
+steps (fp32 accumulation). The combined path can skip this stage: F5 recomputes CB in
+registers instead (see chunk_scan.py), so this kernel serves the unfused path and tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels import runtime
+from kernels.reference import bmm_chunk_ref
+from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels.ssd import common
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
+def bmm_chunk_kernel(
+    C: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
+    B: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
+    chunk_size: hl.constexpr,
+) -> torch.Tensor:
+    batch, seqlen, ngroups, dstate = C.shape
+    nchunks = (seqlen + chunk_size - 1) // chunk_size
+    cb = torch.empty([batch, nchunks, ngroups, chunk_size, chunk_size], dtype=torch.float32, device=C.device)
+    block_m = hl.register_block_size(16, chunk_size)
+    block_n = hl.register_block_size(16, chunk_size)
+    block_k = hl.register_block_size(16, dstate)
+    # Rows run over the padded sequence so that every entry of CB is written.
+    for tile_g, tile_i, tile_b in hl.tile([ngroups, nchunks * chunk_size, batch], block_size=[1, block_m, 1]):
+        b = tile_b.begin
+        g = tile_g.begin
+        c = tile_i.begin // chunk_size
+        c0 = c * chunk_size
+        row_ok = tile_i.index < seqlen
+        if seq_idx is not None:
+            seq_i = hl.load(seq_idx, [b, tile_i], extra_mask=row_ok)
+        for tile_j in hl.tile(c0, c0 + chunk_size, block_size=block_n):
+            col_ok = tile_j.index < seqlen
+            acc = hl.zeros([tile_i, tile_j], dtype=torch.float32)
+            for tile_k in hl.tile(dstate, block_size=block_k):
+                c_blk = hl.load(C, [b, tile_i, g, tile_k], extra_mask=row_ok[:, None])
+                b_blk = hl.load(B, [b, tile_j, g, tile_k], extra_mask=col_ok[:, None])
+                acc = hl.dot(c_blk, b_blk.T, acc=acc)
+            if seq_idx is not None:
+                # Masked rows/columns are already 0 (their C/B loads are masked).
+                seq_j = hl.load(seq_idx, [b, tile_j], extra_mask=col_ok)
+                acc = torch.where(seq_i[:, None] == seq_j[None, :], acc, 0.0)
+            cb[b, c, g, tile_i.index - c0, tile_j.index - c0] = acc
+    return cb
+
+
+# --- host launcher --------------------------------------------------------------------
+
+
+def _check(C: torch.Tensor, B: torch.Tensor, chunk_size: int, seq_idx: torch.Tensor | None) -> None:
+    if C.dim() != 4:
+        raise ValueError(f"ssd: C must be (batch, seqlen, ngroups, dstate), got shape {tuple(C.shape)}")
+    common.check_shape("B", B, tuple(C.shape), "batch, seqlen, ngroups, dstate of C")
+    common.check_float("C", C)
+    common.check_float("B", B)
+    common.check_chunk_size(chunk_size)
+    common.check_seq_idx(seq_idx, C.shape[0], C.shape[1])
+    common.check_device(C.device, B=B, seq_idx=seq_idx)
+
+
+def _launch(C: torch.Tensor, B: torch.Tensor, chunk_size: int, seq_idx: torch.Tensor | None) -> torch.Tensor:
+    # One dot dtype: B follows C (mamba-ssm picks the lower of the two; callers pass equal dtypes).
+    return runtime.run(SSD_BMM, (C, B.to(C.dtype), seq_idx, int(chunk_size)))
+
+
+# --- public function ------------------------------------------------------------------
+
+
+def bmm_chunk_fwd(
+    C: torch.Tensor,
+    B: torch.Tensor,
+    chunk_size: int,
+    seq_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """F4 (mamba-ssm `_bmm_chunk_fwd(C, B, chunk_size, seq_idx, output_dtype=fp32)`).
+
+    C, B: (batch, seqlen, ngroups, dstate); seq_idx: (batch, seqlen) int.
+    Returns CB (batch, nchunks, ngroups, chunk_size, chunk_size) fp32.
+    """
+    _check(C, B, chunk_size, seq_idx)
+    return _launch(C, B, chunk_size, seq_idx)
+
+
+# --- tuning record --------------------------------------------------------------------
+
+DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "has_seq_idx")
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    return common.pick(common.mixer_dims(shape), DIMS)
+
+
+def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    C, _B, seq_idx, chunk_size = args
+    batch, seqlen, ngroups, dstate = C.shape
+    return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate,
+            "chunk_size": int(chunk_size), "has_seq_idx": int(seq_idx is not None)}
+
+
+def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
+    args = (i.C, i.B, i.seq_idx, i.chunk_size)
+    b, L, G, N = i.C.shape
+    nc = common.nchunks_of(L, i.chunk_size)
+    return Problem(
+        args=args,
+        reference=lambda: {"CB": bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)},
+        lowp_reference=lambda: {"CB": bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)},
+        outputs=lambda res: {"CB": res.float()},
+        bytes_moved=2 * i.C.numel() * i.C.element_size() + b * nc * G * i.chunk_size**2 * 4,
+        flops=2 * b * nc * G * i.chunk_size**2 * N,
+    )
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    found = common.mamba_ssm_ops()
+    if found is None or device.type != "cuda":
+        return None
+    mods, name = found
+    i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
+
+    def fn() -> Any:
+        return mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, seq_idx=i.seq_idx, output_dtype=torch.float32)
+
+    return Baseline(name, fn)
+
+
+SSD_BMM = register(
+    TunableKernel(
+        name="ssd_bmm",
+        family="ssd",
+        kernel=bmm_chunk_kernel,
+        dims=DIMS,
+        size_dims=common.SIZE_DIMS,
+        dims_for=_dims_for,
+        dims_from_args=_dims_from_args,
+        make_problem=_make_problem,
+        make_baseline=_baseline,
+        description="SSD F4: C B^T per chunk and group (mamba-ssm _bmm_chunk_fwd_kernel)",
+    )
+)

@@ -1,0 +1,296 @@
+"""F5 of the SSD forward: the output.
+
+y[i] = exp(dA[i]) * C[i] . prev_state                                   (state entering the chunk)
+     + sum_{j <= i in the chunk} CB[i, j] exp(min(dA[i] - dA[j], 0)) dt~[j] x[j]   (inside the chunk)
+     + D x[i];   y *= silu(z) when z is given.
+
+Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
+tuning record. One program owns block_m positions of one chunk, one head and a block of
+headdim. Both terms are tensor-core dots on x's dtype with fp32 accumulation: C against
+the entering state (over dstate in block_n steps), then the decayed, causally masked
+scores against x, walking only the columns j <= the block's last row (block_k steps).
+
+CB comes from F4 (`cb` given, mamba-ssm's split), or, with `cb=None`, is recomputed in
+registers from C and B for each (block_m, block_k) tile: this fuses F4 away, saving its
+launch and the fp32 CB round trip through memory at the price of one more small dot per
+tile and head. Which wins is measured (`autotune_cli/benchmarks/ssd.py`); combined.py
+names its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels import runtime
+from kernels.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
+from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels.ssd import common
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
+               ignore_warnings=[helion.exc.TensorOperationInWrapper])
+def chunk_scan_kernel(
+    x: torch.Tensor,  # (batch, seqlen, nheads, headdim)
+    cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, F4's output
+    B: torch.Tensor | None,  # (batch, seqlen, ngroups, dstate), used when cb is None
+    C: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
+    dt: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32
+    dA_cumsum: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32
+    prev_states: torch.Tensor,  # (batch, nchunks, nheads, headdim, dstate), C's dtype
+    D: torch.Tensor | None,  # (nheads, headdim), stride 0 over headdim for a per-head D
+    z: torch.Tensor | None,  # like x
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
+) -> torch.Tensor:
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups = C.size(2)
+    dstate = C.size(3)
+    nchunks = dt.size(2)
+    chunk_size = hl.specialize(dt.size(3))
+    heads_per_group = nheads // ngroups
+    dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
+    dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
+    out = torch.empty_like(x)
+    block_m = hl.register_block_size(16, chunk_size)
+    block_k = hl.register_block_size(16, chunk_size)
+    block_n = hl.register_block_size(16, dstate)
+    # Heads vary fastest: the programs of one chunk run together and share C, B (or CB) in L2.
+    for tile_h, tile_m, tile_p, tile_b in hl.tile(
+        [nheads, seqlen, headdim, batch], block_size=[1, block_m, None, 1]
+    ):
+        b = tile_b.begin
+        h = tile_h.begin
+        g = h // heads_per_group
+        c = tile_m.begin // chunk_size
+        c0 = c * chunk_size
+        dA_m = dA_pos[b, h, tile_m]
+        # The state entering the chunk, seen from each row.
+        acc = hl.zeros([tile_m, tile_p], dtype=torch.float32)
+        for tile_n in hl.tile(dstate, block_size=block_n):
+            acc = hl.dot(C[b, tile_m, g, tile_n], prev_states[b, c, h, tile_p, tile_n].T, acc=acc)
+        scale_m = torch.exp(dA_m)
+        if seq_idx is not None:
+            seq_m = seq_idx[b, tile_m]
+            # The id entering the chunk: at position c0 - 1, or 0 before chunk 0.
+            seq_prev = hl.load(seq_idx, [b, max(c0, 1) - 1]) * min(c, 1)
+            scale_m = torch.where(seq_m == seq_prev, scale_m, 0.0)
+        acc = acc * scale_m[:, None]
+        # Inside the chunk: columns c0 .. the block's last row (causal).
+        for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
+            if cb is not None:
+                scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
+            else:
+                scores = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                for tile_n in hl.tile(dstate, block_size=block_n):
+                    scores = hl.dot(C[b, tile_m, g, tile_n], B[b, tile_k, g, tile_n].T, acc=scores)
+                if seq_idx is not None:
+                    scores = torch.where(seq_m[:, None] == seq_idx[b, tile_k][None, :], scores, 0.0)
+            decay = torch.exp(torch.clamp(dA_m[:, None] - dA_pos[b, h, tile_k][None, :], max=0.0))
+            scores = scores * decay * dt_pos[b, h, tile_k][None, :]
+            scores = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], scores, 0.0)
+            acc = hl.dot(scores.to(x.dtype), x[b, tile_k, h, tile_p], acc=acc)
+        if D is not None:
+            acc = acc + x[b, tile_m, h, tile_p].to(torch.float32) * D[h, tile_p].to(torch.float32)[None, :]
+        if z is not None:
+            zv = z[b, tile_m, h, tile_p].to(torch.float32)
+            acc = acc * zv * torch.sigmoid(zv)
+        out[b, tile_m, h, tile_p] = acc.to(out.dtype)
+    return out
+
+
+# --- host launcher --------------------------------------------------------------------
+
+
+def _check(x: torch.Tensor, cb: torch.Tensor | None, B: torch.Tensor | None, C: torch.Tensor,
+           dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, D: torch.Tensor | None,
+           z: torch.Tensor | None, seq_idx: torch.Tensor | None) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    batch, seqlen, nheads, headdim = x.shape
+    if C.dim() != 4:
+        raise ValueError(f"ssd: C must be (batch, seqlen, ngroups, dstate), got shape {tuple(C.shape)}")
+    ngroups, dstate = C.shape[2], C.shape[3]
+    common.check_groups(nheads, ngroups)
+    common.check_shape("C", C, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
+    if dt.dim() != 4:
+        raise ValueError(f"ssd: dt must be (batch, nheads, nchunks, chunk_size), got shape {tuple(dt.shape)}")
+    chunk_size = dt.shape[3]
+    common.check_chunk_size(chunk_size)
+    nchunks = common.nchunks_of(seqlen, chunk_size)
+    common.check_shape("dt", dt, (batch, nheads, nchunks, chunk_size), "batch, nheads, nchunks, chunk_size")
+    common.check_shape("dA_cumsum", dA_cumsum, tuple(dt.shape), "batch, nheads, nchunks, chunk_size")
+    common.check_shape("prev_states", prev_states, (batch, nchunks, nheads, headdim, dstate),
+                       "batch, nchunks, nheads, headdim, dstate")
+    if cb is None and B is None:
+        raise ValueError("ssd: chunk_scan needs CB (F4's output) or B to recompute it")
+    if cb is not None:
+        common.check_shape("CB", cb, (batch, nchunks, ngroups, chunk_size, chunk_size),
+                           "batch, nchunks, ngroups, chunk_size, chunk_size")
+    if B is not None:
+        common.check_shape("B", B, tuple(C.shape), "batch, seqlen, ngroups, dstate")
+        common.check_float("B", B)
+    if z is not None:
+        common.check_shape("z", z, tuple(x.shape), "batch, seqlen, nheads, headdim")
+        common.check_float("z", z)
+    for name, t in (("x", x), ("C", C), ("prev_states", prev_states)):
+        common.check_float(name, t)
+    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)) + ((("CB", cb),) if cb is not None else ()):
+        if t.dtype != torch.float32:
+            raise ValueError(f"ssd: {name} must be fp32, got {t.dtype}")
+    if D is not None:
+        common.check_float("D", D)
+    common.expand_D(D, nheads, headdim)  # raises on a bad D shape
+    common.check_seq_idx(seq_idx, batch, seqlen)
+    common.check_device(x.device, cb=cb, B=B, C=C, dt=dt, dA_cumsum=dA_cumsum, prev_states=prev_states, D=D,
+                        z=z, seq_idx=seq_idx)
+
+
+def _launch(x: torch.Tensor, cb: torch.Tensor | None, B: torch.Tensor | None, C: torch.Tensor,
+            dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, D: torch.Tensor | None,
+            z: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
+    nheads, headdim = x.shape[2], x.shape[3]
+    # Every dot runs on x's dtype; C, B and the states follow it (a no-op in the combined path).
+    args = (x, cb, None if B is None or cb is not None else B.to(x.dtype), C.to(x.dtype), dt.contiguous(),
+            dA_cumsum.contiguous(), prev_states.to(x.dtype), common.expand_D(D, nheads, headdim), z, seq_idx)
+    return runtime.run(SSD_CHUNK_SCAN, args)
+
+
+# --- public function ------------------------------------------------------------------
+
+
+def chunk_scan_fwd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    C: torch.Tensor,
+    prev_states: torch.Tensor,
+    CB: torch.Tensor | None = None,
+    B: torch.Tensor | None = None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """F5 (mamba-ssm `_chunk_scan_fwd`, or F4 + F5 fused when CB is None and B is given).
+
+    x, z: (batch, seqlen, nheads, headdim); dt, dA_cumsum: (batch, nheads, nchunks,
+    chunk_size) fp32; C, B: (batch, seqlen, ngroups, dstate); prev_states: (batch,
+    nchunks, nheads, headdim, dstate) (from `state_passing_fwd`); CB: (batch, nchunks,
+    ngroups, chunk_size, chunk_size) fp32 (from `bmm_chunk_fwd`, with its seq_idx mask);
+    D: (nheads,) or (nheads, headdim); seq_idx: (batch, seqlen) int.
+    Returns out (batch, seqlen, nheads, headdim) in x's dtype.
+    """
+    _check(x, CB, B, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
+    return _launch(x, CB, B, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
+
+
+# --- tuning record --------------------------------------------------------------------
+
+DIMS = (*common.SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    from kernels.ssd.combined import FUSE_BMM_DEFAULT
+
+    return {**common.pick(common.mixer_dims(shape), DIMS[:-1]), "fused_bmm": int(FUSE_BMM_DEFAULT)}
+
+
+def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    x, cb, _B, C, dt, _dA, _ps, D, z, seq_idx = args
+    batch, seqlen, nheads, headdim = x.shape
+    return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
+            "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_D": int(D is not None),
+            "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None), "fused_bmm": int(cb is None)}
+
+
+class _StageInputs:
+    """F5's inputs: x, C, B, z in the tuning dtype; dt~, dA_cumsum, CB and the entering
+    states from the fp32 references (states random: F5 does not care where they come from)."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        full = {**dims, "has_dt_bias": 1, "dt_softplus": 1}
+        self.inp = i = common.SSDInputs.make(full, dtype, device, seed)
+        self.dA_cumsum, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
+        gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+        b, L, H, P = i.x.shape
+        N = i.C.shape[3]
+        nc = self.dt_out.shape[2]
+        self.prev_states = (torch.randn(b, nc, H, P, N, generator=gen) * 0.5).to(dtype).to(device)
+        self.fused = bool(dims["fused_bmm"])
+        self.cb = None if self.fused else bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
+        self.cb_lowp = None if self.fused else bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
+
+    def ref(self, lowp: bool) -> dict[str, torch.Tensor]:
+        i = self.inp
+        if lowp:
+            cb = self.cb_lowp if not self.fused else bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
+            out = chunk_scan_ref(cb, i.x, self.dt_out, self.dA_cumsum, i.C, self.prev_states, i.D, i.z, i.seq_idx,
+                                 upcast=False)
+        else:
+            u = i.upcast()
+            cb = self.cb if not self.fused else bmm_chunk_ref(u.C, u.B, i.chunk_size, i.seq_idx)
+            out = chunk_scan_ref(cb, u.x, self.dt_out, self.dA_cumsum, u.C, self.prev_states.float(), u.D, u.z,
+                                 i.seq_idx)
+        return {"out": out.float()}
+
+
+def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    s = _StageInputs(dims, dtype, device, seed)
+    i = s.inp
+    H, P = i.x.shape[2], i.x.shape[3]
+    args = (i.x, s.cb, i.B if s.fused else None, i.C, s.dt_out, s.dA_cumsum, s.prev_states,
+            common.expand_D(i.D, H, P), i.z, i.seq_idx)
+    e = i.x.element_size()
+    nbytes = (i.x.numel() * (2 + (i.z is not None)) + i.C.numel() * (1 + s.fused)) * e
+    nbytes += s.prev_states.numel() * e + 2 * s.dt_out.numel() * 4 + (0 if s.cb is None else s.cb.numel() * 4)
+    b, L = i.x.shape[:2]
+    G, N, Q = i.C.shape[2], i.C.shape[3], i.chunk_size
+    # Useful dot work: C . state, the causal half of scores . x, and (fused) the causal half of C B^T.
+    flops = 2 * b * L * H * P * N + b * L * H * P * Q + (b * L * G * Q * N if s.fused else 0)
+    return Problem(
+        args=args,
+        reference=lambda: s.ref(lowp=False),
+        lowp_reference=lambda: s.ref(lowp=True),
+        outputs=lambda res: {"out": res.float()},
+        bytes_moved=nbytes,
+        flops=flops,
+    )
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    found = common.mamba_ssm_ops()
+    if found is None or device.type != "cuda":
+        return None
+    mods, name = found
+    s = _StageInputs({**dims, "fused_bmm": 0}, dtype, device, seed)
+    i = s.inp
+    # The fused kernel replaces mamba-ssm's F4 + F5: time both then.
+    with_bmm = bool(dims["fused_bmm"])
+
+    def fn() -> Any:
+        cb = mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, seq_idx=i.seq_idx, output_dtype=torch.float32) \
+            if with_bmm else s.cb
+        return mods["chunk_scan"]._chunk_scan_fwd(cb, i.x, s.dt_out, s.dA_cumsum, i.C, s.prev_states, D=i.D,
+                                                 z=i.z, seq_idx=i.seq_idx)
+
+    return Baseline(name, fn)
+
+
+SSD_CHUNK_SCAN = register(
+    TunableKernel(
+        name="ssd_chunk_scan",
+        family="ssd",
+        kernel=chunk_scan_kernel,
+        dims=DIMS,
+        size_dims=common.SIZE_DIMS,
+        dims_for=_dims_for,
+        dims_from_args=_dims_from_args,
+        make_problem=_make_problem,
+        make_baseline=_baseline,
+        description="SSD F5: output from the entering state and the causal chunk-local term, "
+                    "optionally with F4 fused (mamba-ssm _chunk_scan_fwd_kernel)",
+    )
+)

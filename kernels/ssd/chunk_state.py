@@ -1,0 +1,201 @@
+"""F2 of the SSD forward: each chunk's own end state.
+
+S[b, c, h, p, n] = sum_l x[l, h, p] * B[l, g(h), n] * dt~[l] * exp(min(dA_last - dA[l], 0))
+over the positions l of chunk c (with seq_idx: those in the chunk's last sequence).
+
+Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
+tuning record. One program owns one (batch, chunk, head, headdim block, dstate block)
+and walks the chunk in block_k steps: B is scaled in fp32, rounded to x's dtype and fed
+with x to a tensor-core dot that accumulates in fp32 (mamba-ssm's rounding points, so
+the two agree to the last bit up to summation order). States stay fp32: they are summed
+over up to thousands of chunks by F3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels import runtime
+from kernels.reference import chunk_cumsum_ref, chunk_state_ref
+from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels.ssd import common
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
+               ignore_warnings=[helion.exc.TensorOperationInWrapper])
+def chunk_state_kernel(
+    x: torch.Tensor,  # (batch, seqlen, nheads, headdim)
+    B: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
+    dt: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32, dt~ from F1
+    dA_cumsum: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
+) -> torch.Tensor:
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups = B.size(2)
+    dstate = B.size(3)
+    nchunks = dt.size(2)
+    chunk_size = hl.specialize(dt.size(3))
+    heads_per_group = nheads // ngroups
+    # Per-chunk tensors viewed by sequence position (see chunk_cumsum.py).
+    dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
+    dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
+    states = torch.empty([batch, nchunks, nheads, headdim, dstate], dtype=torch.float32, device=x.device)
+    block_k = hl.register_block_size(16, chunk_size)
+    # Heads vary fastest: the programs of one chunk run together and share B in L2.
+    for tile_h, tile_p, tile_n, tile_l, tile_b in hl.tile(
+        [nheads, headdim, dstate, seqlen, batch], block_size=[1, None, None, chunk_size, 1]
+    ):
+        b = tile_b.begin
+        h = tile_h.begin
+        g = h // heads_per_group
+        c = tile_l.id
+        dA_last = dA_cumsum[b, h, c, chunk_size - 1]
+        if seq_idx is not None:
+            seq_last = seq_idx[b, tile_l.end - 1]
+        acc = hl.zeros([tile_p, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(tile_l.begin, tile_l.end, block_size=block_k):
+            scale = torch.exp(torch.clamp(dA_last - dA_pos[b, h, tile_k], max=0.0)) * dt_pos[b, h, tile_k]
+            if seq_idx is not None:
+                scale = torch.where((seq_idx[b, tile_k] == seq_last) & (seq_last >= 0), scale, 0.0)
+            b_scaled = (B[b, tile_k, g, tile_n].to(torch.float32) * scale[:, None]).to(x.dtype)
+            acc = hl.dot(x[b, tile_k, h, tile_p].T, b_scaled, acc=acc)
+        states[b, c, h, tile_p, tile_n] = acc
+    return states
+
+
+# --- host launcher --------------------------------------------------------------------
+
+
+def _check(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+           seq_idx: torch.Tensor | None) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    batch, seqlen, nheads, headdim = x.shape
+    if B.dim() != 4:
+        raise ValueError(f"ssd: B must be (batch, seqlen, ngroups, dstate), got shape {tuple(B.shape)}")
+    ngroups, dstate = B.shape[2], B.shape[3]
+    common.check_groups(nheads, ngroups)
+    common.check_shape("B", B, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
+    if dt.dim() != 4:
+        raise ValueError(f"ssd: dt must be (batch, nheads, nchunks, chunk_size), got shape {tuple(dt.shape)}")
+    chunk_size = dt.shape[3]
+    common.check_chunk_size(chunk_size)
+    nchunks = common.nchunks_of(seqlen, chunk_size)
+    common.check_shape("dt", dt, (batch, nheads, nchunks, chunk_size), "batch, nheads, nchunks, chunk_size")
+    common.check_shape("dA_cumsum", dA_cumsum, tuple(dt.shape), "batch, nheads, nchunks, chunk_size")
+    for name, t in (("x", x), ("B", B)):
+        common.check_float(name, t)
+    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"ssd: {name} must be fp32 (F1's output), got {t.dtype}")
+    common.check_seq_idx(seq_idx, batch, seqlen)
+    common.check_device(x.device, B=B, dt=dt, dA_cumsum=dA_cumsum, seq_idx=seq_idx)
+
+
+def _launch(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+            seq_idx: torch.Tensor | None) -> torch.Tensor:
+    # The dot feeds x and the scaled B in x's dtype; B in another dtype is cast once here.
+    B = B.to(x.dtype)
+    args = (x, B, dt.contiguous(), dA_cumsum.contiguous(), seq_idx)
+    return runtime.run(SSD_CHUNK_STATE, args)
+
+
+# --- public function ------------------------------------------------------------------
+
+
+def chunk_state_fwd(
+    B: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    seq_idx: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """F2 (mamba-ssm `_chunk_state_fwd` with states_in_fp32=True).
+
+    B: (batch, seqlen, ngroups, dstate); x: (batch, seqlen, nheads, headdim);
+    dt, dA_cumsum: (batch, nheads, nchunks, chunk_size) fp32 from `chunk_cumsum_fwd`;
+    seq_idx: (batch, seqlen) int or None.
+    Returns states (batch, nchunks, nheads, headdim, dstate) fp32.
+    """
+    _check(B, x, dt, dA_cumsum, seq_idx)
+    return _launch(B, x, dt, dA_cumsum, seq_idx)
+
+
+# --- tuning record --------------------------------------------------------------------
+
+DIMS = (*common.SHAPE_DIMS, "has_seq_idx")
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    return common.pick(common.mixer_dims(shape), DIMS)
+
+
+def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    x, B, dt, _dA, seq_idx = args
+    batch, seqlen, nheads, headdim = x.shape
+    return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": B.shape[2],
+            "dstate": B.shape[3], "chunk_size": dt.shape[3], "has_seq_idx": int(seq_idx is not None)}
+
+
+class _StageInputs:
+    """F2's inputs: x, B in the tuning dtype; dt~ and dA_cumsum from the fp32 F1 reference."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        full = {**dims, "has_dt_bias": 1, "dt_softplus": 1}
+        self.inp = common.SSDInputs.make(full, dtype, device, seed)
+        i = self.inp
+        self.dA_cumsum, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
+
+
+def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    s = _StageInputs(dims, dtype, device, seed)
+    i = s.inp
+    args = (i.x, i.B, s.dt_out, s.dA_cumsum, i.seq_idx)
+    b, L, H, P = i.x.shape
+    G, N = i.B.shape[2:]
+    nc = s.dt_out.shape[2]
+    e = i.x.element_size()
+    return Problem(
+        args=args,
+        reference=lambda: {"states": chunk_state_ref(i.B.float(), i.x.float(), s.dt_out, s.dA_cumsum, i.seq_idx)},
+        lowp_reference=lambda: {"states": chunk_state_ref(i.B, i.x, s.dt_out, s.dA_cumsum, i.seq_idx, upcast=False)},
+        outputs=lambda res: {"states": res.float()},
+        bytes_moved=(b * L * H * P + b * L * G * N) * e + 2 * s.dt_out.numel() * 4 + b * nc * H * P * N * 4,
+        flops=2 * b * L * H * P * N,
+    )
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    found = common.mamba_ssm_ops()
+    if found is None or device.type != "cuda":
+        return None
+    mods, name = found
+    s = _StageInputs(dims, dtype, device, seed)
+    i = s.inp
+
+    def fn() -> Any:
+        return mods["chunk_state"]._chunk_state_fwd(i.B, i.x, s.dt_out, s.dA_cumsum, seq_idx=i.seq_idx,
+                                                   states_in_fp32=True)
+
+    return Baseline(name, fn)
+
+
+SSD_CHUNK_STATE = register(
+    TunableKernel(
+        name="ssd_chunk_state",
+        family="ssd",
+        kernel=chunk_state_kernel,
+        dims=DIMS,
+        size_dims=common.SIZE_DIMS,
+        dims_for=_dims_for,
+        dims_from_args=_dims_from_args,
+        make_problem=_make_problem,
+        make_baseline=_baseline,
+        description="SSD F2: per-chunk end states x^T (B * dt * decay) (mamba-ssm _chunk_state_fwd_kernel)",
+    )
+)

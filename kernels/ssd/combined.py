@@ -1,0 +1,131 @@
+"""The SSD forward, `mamba_chunk_scan_combined`, from the stage kernels.
+
+Launch order (as mamba-ssm's `_mamba_chunk_scan_combined_fwd`):
+F1 chunk_cumsum -> F2 chunk_state -> F3 state_passing (parallel scan) -> [F4 bmm] -> F5 chunk_scan.
+With `FUSE_BMM_DEFAULT` F5 recomputes C B^T in registers and F4 is not launched (see
+chunk_scan.py); `fuse_bmm=` on `ssd_forward` overrides it, so both paths can be measured.
+
+Forward only: the SSD backward is not written yet, so a call that would need it raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.ssd import bmm, chunk_cumsum, chunk_scan, chunk_state, common, state_passing
+
+# F5 with C B^T recomputed in registers (one launch and no fp32 CB in memory) instead of F4 + F5.
+FUSE_BMM_DEFAULT = True
+
+
+def _check(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+           D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+           initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None,
+           dt_limit: tuple[float, float]) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    batch, seqlen, nheads, headdim = x.shape
+    if 0 in x.shape:
+        raise ValueError(f"ssd: empty x (batch, seqlen, nheads, headdim) = {tuple(x.shape)}")
+    if B.dim() != 4:
+        raise ValueError(f"ssd: B must be (batch, seqlen, ngroups, dstate), got shape {tuple(B.shape)}")
+    ngroups, dstate = B.shape[2], B.shape[3]
+    common.check_groups(nheads, ngroups)
+    common.check_chunk_size(chunk_size)
+    common.check_shape("dt", dt, (batch, seqlen, nheads), "batch, seqlen, nheads")
+    common.check_shape("A", A, (nheads,), "nheads,")
+    common.check_shape("B", B, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
+    common.check_shape("C", C, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate of B")
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias),
+                    ("initial_states", initial_states)):
+        if t is not None:
+            common.check_float(name, t)
+    if z is not None:
+        common.check_shape("z", z, tuple(x.shape), "batch, seqlen, nheads, headdim")
+    if dt_bias is not None:
+        common.check_shape("dt_bias", dt_bias, (nheads,), "nheads,")
+    if initial_states is not None:
+        common.check_shape("initial_states", initial_states, (batch, nheads, headdim, dstate),
+                           "batch, nheads, headdim, dstate")
+    common.expand_D(D, nheads, headdim)
+    common.check_seq_idx(seq_idx, batch, seqlen)
+    common.check_device(x.device, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                        initial_states=initial_states, seq_idx=seq_idx)
+    if len(dt_limit) != 2 or not dt_limit[0] <= dt_limit[1]:
+        raise ValueError(f"ssd: dt_limit {dt_limit} must be (min, max) with min <= max")
+
+
+def ssd_forward(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    fuse_bmm: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pipeline; returns (out, final_states). Shapes as `mamba_chunk_scan_combined`.
+
+    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False); None: FUSE_BMM_DEFAULT.
+    """
+    _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
+    # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
+    B, C = B.to(x.dtype), C.to(x.dtype)
+    dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+    states = chunk_state._launch(B, x, dt_out, dA_cumsum, seq_idx)
+    # The states entering each chunk are rounded to the dots' dtype for F5 (as mamba-ssm);
+    # the final state stays fp32.
+    prev_states, final_states = state_passing._launch(states, dA_cumsum, initial_states, seq_idx, x.dtype)
+    cb = None if fuse else bmm._launch(C, B, chunk_size, seq_idx)
+    out = chunk_scan._launch(x, cb, B if fuse else None, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
+    return out, final_states
+
+
+def mamba_chunk_scan_combined(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    return_final_states: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2 SSD forward, drop-in for `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`.
+
+    x: (batch, seqlen, nheads, headdim)
+    dt: (batch, seqlen, nheads)
+    A: (nheads,)
+    B, C: (batch, seqlen, ngroups, dstate), ngroups dividing nheads
+    chunk_size: a power of two >= 16 (seqlen need not be a multiple of it)
+    D: (nheads,) or (nheads, headdim)
+    z: (batch, seqlen, nheads, headdim): out *= silu(z)
+    dt_bias: (nheads,); dt_softplus; dt_limit: dt~ = clamp(softplus(dt + dt_bias), *dt_limit)
+    initial_states: (batch, nheads, headdim, dstate)
+    seq_idx: (batch, seqlen) int, nondecreasing ids of packed sequences: the state resets
+        where it changes (initial_states belongs to sequence 0)
+    Returns out (batch, seqlen, nheads, headdim) in x's dtype, and with return_final_states
+    also final_states (batch, nheads, headdim, dstate) fp32.
+
+    Forward only: raises NotImplementedError when autograd would need the backward.
+    """
+    common.check_no_grad("mamba_chunk_scan_combined", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                         initial_states=initial_states)
+    out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                    initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                    dt_limit=dt_limit)
+    return (out, final_states) if return_final_states else out

@@ -1,0 +1,233 @@
+"""Shared pieces of the SSD family: shape checks, tuning-record inputs, the mamba-ssm baseline.
+
+The stage files (`chunk_cumsum.py` ... `chunk_scan.py`) each hold their Helion kernel,
+launcher, public function and tuning record; what they have in common lives here:
+
+- `check_*`: the shape/dtype contract, raising `ValueError` with the offending sizes.
+- `SSDInputs`: seeded random inputs at one tuning combo, with realistic Mamba-2 value
+  ranges (A = -U[1, 16], softplus(dt + dt_bias) in about [1e-3, 1e-1]).
+- `mamba_ssm_ops()`: mamba-ssm's Triton stage modules (the baseline), when importable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernels.registry import ModelShape
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+DT_LIMIT_NONE = (0.0, float("inf"))
+
+# Bundle-key dims shared by the SSD kernels (each kernel keeps the ones it depends on).
+SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+SIZE_DIMS = ("batch", "seqlen")
+
+
+def nchunks_of(seqlen: int, chunk_size: int) -> int:
+    return math.ceil(seqlen / chunk_size)
+
+
+# --- shape contract -------------------------------------------------------------------
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    # The kernels tile one chunk as one power-of-two block; tensor-core dots need >= 16.
+    if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"ssd: chunk_size={chunk_size} must be a power of two >= 16")
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"ssd: {name} dtype {t.dtype} is not one of fp32, fp16, bf16")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], letters: str) -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"ssd: {name} shape {tuple(t.shape)} != ({letters}) = {expected}")
+
+
+def check_device(device: torch.device, **tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"ssd: {name} is on {t.device}, x is on {device}")
+
+
+def check_seq_idx(seq_idx: torch.Tensor | None, batch: int, seqlen: int) -> None:
+    if seq_idx is None:
+        return
+    check_shape("seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
+    if seq_idx.dtype not in INDEX_DTYPES:
+        raise ValueError(f"ssd: seq_idx dtype {seq_idx.dtype} is not int32 or int64")
+
+
+def check_groups(nheads: int, ngroups: int) -> None:
+    if ngroups <= 0 or nheads % ngroups != 0:
+        raise ValueError(f"ssd: ngroups={ngroups} does not divide nheads={nheads}")
+
+
+def check_no_grad(where: str, **tensors: torch.Tensor | None) -> None:
+    needs = [name for name, t in tensors.items() if t is not None and t.requires_grad]
+    if needs and torch.is_grad_enabled():
+        raise NotImplementedError(
+            f"{where}: the SSD backward is not implemented yet, but {', '.join(needs)} require grad; "
+            "call under torch.no_grad() or detach the inputs"
+        )
+
+
+def expand_D(D: torch.Tensor | None, nheads: int, headdim: int) -> torch.Tensor | None:
+    """D (nheads,) or (nheads, headdim) -> a (nheads, headdim) view (stride 0 over headdim for per-head D)."""
+    if D is None:
+        return None
+    if D.shape == (nheads,):
+        return D[:, None].expand(nheads, headdim)
+    if D.shape == (nheads, headdim):
+        return D
+    raise ValueError(f"ssd: D shape {tuple(D.shape)} is neither (nheads,) = ({nheads},) "
+                     f"nor (nheads, headdim) = ({nheads}, {headdim})")
+
+
+# --- tuning records -------------------------------------------------------------------
+
+
+def mixer_dims(shape: ModelShape) -> dict[str, int]:
+    """Every dim of the call the Mamba-2 mixer makes (mamba_ssm.modules.mamba2): D per head,
+    dt_bias, dt_softplus, z applied later by the gated norm, no seq_idx, no initial states."""
+    return {
+        "batch": shape.batch, "seqlen": shape.seqlen, "nheads": shape.nheads, "headdim": shape.headdim,
+        "ngroups": shape.ngroups, "dstate": shape.dstate, "chunk_size": shape.chunk_size,
+        "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": 0,
+        "has_initial_states": 0,
+    }
+
+
+def pick(dims: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:
+    return {k: int(dims[k]) for k in keys}
+
+
+@dataclasses.dataclass
+class SSDInputs:
+    """Seeded inputs of `mamba_chunk_scan_combined` for one tuning combo (missing flags: off)."""
+
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    chunk_size: int
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    initial_states: torch.Tensor | None
+    seq_idx: torch.Tensor | None
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+
+    @classmethod
+    def make(cls, dims: dict[str, int], dtype: torch.dtype, device: torch.device | str, seed: int,
+             dt_limit: tuple[float, float] = DT_LIMIT_NONE, D_per_head: bool = True) -> SSDInputs:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        batch, seqlen, nheads = dims["batch"], dims["seqlen"], dims["nheads"]
+        headdim, ngroups, dstate = dims.get("headdim", 16), dims.get("ngroups", 1), dims.get("dstate", 16)
+        device = torch.device(device)
+
+        def rand(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(dt).to(device)
+
+        def unif(lo: float, hi: float, *shape: int) -> torch.Tensor:
+            return torch.rand(*shape, generator=gen) * (hi - lo) + lo
+
+        softplus = bool(dims.get("dt_softplus", 0))
+        has_bias = bool(dims.get("has_dt_bias", 0))
+        # Mamba-2's init: softplus(dt_bias) uniform in log space over [1e-3, 1e-1].
+        dt_target = torch.exp(unif(math.log(1e-3), math.log(1e-1), batch, seqlen, nheads))
+        bias = torch.exp(unif(math.log(1e-3), math.log(1e-1), nheads))
+        if softplus:
+            raw = torch.log(torch.expm1(dt_target)) + 0.5 * torch.randn(batch, seqlen, nheads, generator=gen)
+            if has_bias:
+                raw = raw - torch.log(torch.expm1(bias))
+        else:
+            raw = dt_target - (bias if has_bias else 0.0)
+        return cls(
+            x=rand(batch, seqlen, nheads, headdim),
+            dt=raw.to(dtype).to(device),
+            A=(-unif(1.0, 16.0, nheads)).to(device),
+            B=rand(batch, seqlen, ngroups, dstate),
+            C=rand(batch, seqlen, ngroups, dstate),
+            chunk_size=dims["chunk_size"],
+            D=(unif(0.5, 1.5, nheads) if D_per_head else unif(0.5, 1.5, nheads, headdim)).to(device)
+            if dims.get("has_D", 0) else None,
+            z=rand(batch, seqlen, nheads, headdim) if dims.get("has_z", 0) else None,
+            dt_bias=(torch.log(torch.expm1(bias)) if softplus else bias).to(device) if has_bias else None,
+            initial_states=rand(batch, nheads, headdim, dstate, dt=torch.float32)
+            if dims.get("has_initial_states", 0) else None,
+            seq_idx=packed_seq_idx(batch, seqlen, gen).to(device) if dims.get("has_seq_idx", 0) else None,
+            dt_softplus=softplus,
+            dt_limit=dt_limit,
+        )
+
+    def upcast(self) -> SSDInputs:
+        """The same inputs in fp32 (for the fp32 reference)."""
+        def f(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None or not t.is_floating_point() else t.float()
+        return dataclasses.replace(self, x=f(self.x), dt=f(self.dt), A=f(self.A), B=f(self.B), C=f(self.C),
+                                   D=f(self.D), z=f(self.z), dt_bias=f(self.dt_bias),
+                                   initial_states=f(self.initial_states))
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `mamba_chunk_scan_combined` (after x, dt, A, B, C, chunk_size)."""
+        return {"D": self.D, "z": self.z, "dt_bias": self.dt_bias, "initial_states": self.initial_states,
+                "seq_idx": self.seq_idx, "dt_softplus": self.dt_softplus, "dt_limit": self.dt_limit}
+
+
+def packed_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tensor:
+    """Nondecreasing sequence ids from 0, as packed sequences give: a few random boundaries per row."""
+    rows = []
+    for _ in range(batch):
+        nbound = min(3, max(seqlen - 1, 0))
+        cuts = torch.randperm(max(seqlen - 1, 1), generator=gen)[:nbound] + 1
+        marks = torch.zeros(seqlen, dtype=torch.int32)
+        marks[cuts.clamp(max=seqlen - 1)] = 1
+        marks[0] = 0
+        rows.append(torch.cumsum(marks, 0).to(torch.int32))
+    return torch.stack(rows)
+
+
+def ssd_flops(dims: dict[str, int]) -> int:
+    """Useful flops of the SSD forward (tensor-core work only, causal half of the chunk-local term)."""
+    b, L, H, P = dims["batch"], dims["seqlen"], dims["nheads"], dims["headdim"]
+    G, N, Q = dims["ngroups"], dims["dstate"], dims["chunk_size"]
+    chunk_state = 2 * b * L * H * P * N
+    bmm = 2 * b * L * G * Q * N // 2
+    scan = 2 * b * L * H * P * N + 2 * b * L * H * P * Q // 2
+    return chunk_state + bmm + scan
+
+
+def mamba_ssm_ops() -> tuple[dict[str, ModuleType], str] | None:
+    """mamba-ssm's Triton SSD modules and a version string, or None when not importable."""
+    try:
+        from mamba_ssm.ops.triton import (
+            ssd_bmm,
+            ssd_chunk_scan,
+            ssd_chunk_state,
+            ssd_combined,
+            ssd_state_passing,
+        )
+    except ImportError:
+        return None
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("mamba_ssm")
+    except importlib.metadata.PackageNotFoundError:
+        import mamba_ssm
+
+        version = getattr(mamba_ssm, "__version__", "?")
+    mods = {"bmm": ssd_bmm, "chunk_scan": ssd_chunk_scan, "chunk_state": ssd_chunk_state,
+            "combined": ssd_combined, "state_passing": ssd_state_passing}
+    return mods, f"mamba-ssm {version}"
