@@ -1,0 +1,207 @@
+"""`mamba-tune diff`, `check`, `verify` and `report`: reviewing bundles in PRs and CI.
+
+Exit codes: 0 ok; 1 the check failed (a regression over --fail-on-regression, a combo
+missing or stale, an entry that fails verification); 2 bad input (unreadable or invalid
+bundle or spec, unknown git revision, no CUDA GPU for verify, missing matplotlib).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.review.sources import SourceError, load_source
+from autotune_cli.spec import SpecError, load_spec
+from kernels.bundle import BundleError, load_bundle
+
+
+class OutputFormat(str, enum.Enum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), markdown (a PR comment) "
+                                                                        "or json (machines).")]
+
+
+def _print_raw(text: str) -> None:
+    # Markdown and JSON go out byte for byte: no rich markup, emoji codes or wrapping.
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+# --- diff -------------------------------------------------------------------------------
+
+
+def diff_command(
+    old: Annotated[str, typer.Argument(metavar="OLD", help="The old side: a bundle (.json), a folder of bundles, or a git "
+                                            "REV:PATH such as main:generated_configs/h200.")],
+    new: Annotated[str, typer.Argument(metavar="NEW", help="The new side, in the same forms (two files or two folders).")],
+    fmt: FormatOpt = OutputFormat.table,
+    fail_on_regression: Annotated[float | None, typer.Option(
+        metavar="PCT", min=0.0,
+        help="Exit 1 if an entry present on both sides got slower (tuned ms) by more than PCT percent, or lost "
+             "more than PCT percent of its speedup vs the baseline.")] = None,
+    missing_ok: Annotated[bool, typer.Option(
+        help="Treat a side that does not exist (a path, or a path absent from the revision) as empty, e.g. "
+             "main has no bundles for a new GPU SKU yet. Unknown revisions are still an error.")] = False,
+) -> None:
+    """Compare two bundles or bundle folders: entries, configs, timings, failures, provenance."""
+    from autotune_cli.review import diff as d
+
+    try:
+        a = load_source(old, missing_ok=missing_ok)
+        b = load_source(new, missing_ok=missing_ok)
+        result = d.diff_sets(a, b)
+    except SourceError as e:
+        fail(str(e))
+    regs = None if fail_on_regression is None else d.regressions(result, fail_on_regression)
+    if fmt is OutputFormat.json:
+        _print_raw(json.dumps(d.to_json(result, regs, fail_on_regression), indent=2))
+    elif fmt is OutputFormat.markdown:
+        _print_raw(d.to_markdown(result, regs, fail_on_regression))
+    else:
+        out.print(d.to_rich(result, regs, fail_on_regression))
+    if regs:
+        for r in regs:
+            err.print(f"[red]regression[/] {r.path}: {r.key}: {r.describe()}")
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+# --- check ------------------------------------------------------------------------------
+
+
+def check_command(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True,
+                                              dir_okay=False)],
+    bundles: Annotated[Path, typer.Option(help="Bundle root: the bundles checked are BUNDLES/<target sku>/*.json.",
+                                          exists=True, file_okay=False)],
+    helion_version: Annotated[str | None, typer.Option(
+        help="Expected helion version (default: the one recorded in the newest bundle of the set).")] = None,
+    torch_version: Annotated[str | None, typer.Option(
+        help="Expected torch version; '2.11.0' also matches '2.11.0+cu130' (default: newest bundle's).")] = None,
+    triton_version: Annotated[str | None, typer.Option(
+        help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
+    fmt: FormatOpt = OutputFormat.table,
+) -> None:
+    """Coverage gate: every combo of SPEC has a fresh entry (kernel source and versions) for its GPU."""
+    from autotune_cli.review import check as c
+
+    try:
+        spec = load_spec(spec_path)
+        result = c.check_coverage(spec, bundles, {"helion": helion_version, "torch": torch_version,
+                                                  "triton": triton_version})
+    except (SpecError, BundleError) as e:
+        fail(str(e))
+    if fmt is OutputFormat.json:
+        _print_raw(c.dumps_json(result))
+    elif fmt is OutputFormat.markdown:
+        _print_raw(c.to_markdown(result))
+    else:
+        out.print(c.to_rich(result))
+    if not result.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def verify_command(
+    bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
+                                                dir_okay=False)],
+    json_out: Annotated[Path | None, typer.Option(help="Also write the results (GPU, versions, per-entry timings "
+                                                       "and errors) as JSON to this file.", dir_okay=False)] = None,
+    noise_pct: Annotated[float, typer.Option(
+        min=0.0, help="The tuned config fails if it is slower than Helion's default config by more than this "
+                      "many percent (timing noise).")] = 3.0,
+    regression_pct: Annotated[float, typer.Option(
+        min=0.0, help="The tuned config fails if it is slower than its recorded tuned_ms by more than this "
+                      "many percent (e.g. after a helion or triton upgrade).")] = 10.0,
+    allow_arch_mismatch: Annotated[bool, typer.Option(
+        help="Verify even if this GPU's compute capability differs from the bundle's.")] = False,
+    kernel: Annotated[list[str] | None, typer.Option(
+        help="Only entries of this kernel (repeatable; default: every entry).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
+                    "checked it).")] = None,
+) -> None:
+    """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats Helion's default config."""
+    from rich.table import Table
+
+    from autotune_cli.review import verify as v
+
+    try:
+        bundle = load_bundle(bundle_path)
+    except BundleError as e:
+        fail(str(e))
+    if kernel:
+        unknown = sorted(set(kernel) - {e.kernel for e in bundle.entries.values()})
+        if unknown:
+            fail(f"--kernel {', '.join(unknown)}: no entries of that kernel in {bundle_path}")
+
+    def progress(i: int, n: int, entry: object, r: v.EntryResult | None) -> None:
+        key = getattr(entry, "key", "?")
+        if r is None:
+            err.print(f"[{i}/{n}] {key} ...", markup=False)
+        else:
+            status = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
+            err.print(f"[{i}/{n}] {key}: {status} {v.describe(r)} in {r.seconds:.1f}s", markup=True)
+
+    try:
+        result = v.verify_bundle(bundle, margins=v.Margins(noise_pct, regression_pct), seed=seed,
+                                 kernels=kernel or None, allow_arch_mismatch=allow_arch_mismatch,
+                                 progress=progress)
+    except v.VerifyInputError as e:
+        fail(str(e))
+    bv, hv = result.bundle_versions, result.versions
+    err.print(f"{bundle_path}: tuned on {result.bundle_gpu.name} with helion {bv.helion}, torch {bv.torch}, "
+              f"triton {bv.triton}; verified on {result.gpu.name} with helion {hv.helion}, torch {hv.torch}, "
+              f"triton {hv.triton}", markup=False)
+    table = Table(title=f"verify {bundle_path}: {len(result.results) - len(result.failed)}/{len(result.results)} ok")
+    for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
+        table.add_column(col, overflow="fold")
+    for r in result.results:
+        table.add_row(r.key, "ok" if r.ok else "FAILED", "-" if r.tuned_ms is None else f"{r.tuned_ms:.4f}",
+                      "-" if r.default_ms is None else f"{r.default_ms:.4f}",
+                      "-" if r.vs_default is None else f"{r.vs_default:.2f}x", f"{r.recorded_tuned_ms:.4f}",
+                      "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))
+    out.print(table)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")
+        err.print(f"wrote {json_out}", markup=False)
+    if result.failed:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def report_command(
+    bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
+                                                dir_okay=False)],
+    out_dir: Annotated[Path, typer.Option("-o", "--out", help="Folder for the PNG plots and report.md (created).",
+                                          file_okay=False)],
+) -> None:
+    """Speedup plots (PNG, one per kernel) and a markdown summary (OUT/report.md) of BUNDLE."""
+    from autotune_cli.review.report import ReportDependencyError, write_report
+
+    try:
+        bundle = load_bundle(bundle_path)
+        written = write_report(bundle, str(bundle_path), out_dir)
+    except (BundleError, ReportDependencyError) as e:
+        fail(str(e))
+    for path in written:
+        out.print(str(path), markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("diff")(diff_command)
+    app.command("check")(check_command)
+    app.command("verify")(verify_command)
+    app.command("report")(report_command)

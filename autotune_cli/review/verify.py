@@ -1,0 +1,263 @@
+"""Re-run every entry of a bundle on this GPU: compiles, numerics, still worth having.
+
+For each entry, on the current CUDA device:
+
+1. the recorded config compiles (`BoundKernel.compile_config`);
+2. it passes the numerics check against the fp32 reference with the tolerance the entry
+   was accepted with (entry.accuracy: err <= factor * err(eager torch in dtype) + atol),
+   on the inputs the tuner checked it on (seed = entry.search.seed + 1, unless --seed);
+3. it is not slower than Helion's default config beyond a noise margin (both timed now,
+   with the same do_bench as the tuner, on the whole op: kernel plus host epilogue);
+4. it is not slower than its recorded tuned_ms beyond a regression margin: what a
+   helion, triton, torch or driver upgrade does to a config shows up here.
+
+Timing margins exist because two do_bench medians of the same config differ by a few
+percent between processes; they are options, not silent slack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autotune_cli import environment as env
+from autotune_cli.spec import Tolerance
+from kernels.bundle import Bundle, Entry, GpuInfo, Versions
+
+
+class VerifyInputError(Exception):
+    """Cannot verify here (no GPU, another GPU, ref mode): exit code 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Margins:
+    noise_pct: float = 3.0  # tuned may be at most this much slower than default
+    regression_pct: float = 10.0  # and at most this much slower than recorded
+
+
+@dataclasses.dataclass
+class EntryResult:
+    key: str
+    ok: bool
+    reasons: list[str]
+    recorded_tuned_ms: float
+    recorded_default_ms: float
+    tuned_ms: float | None = None
+    default_ms: float | None = None
+    baseline_ms: float | None = None
+    baseline: str | None = None
+    same_as_default: bool = False
+    max_abs_err: dict[str, float] = dataclasses.field(default_factory=dict)
+    bound: dict[str, float] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def vs_default(self) -> float | None:
+        return None if self.tuned_ms is None or self.default_ms is None else self.default_ms / self.tuned_ms
+
+    @property
+    def vs_recorded_pct(self) -> float | None:
+        return None if self.tuned_ms is None else (self.tuned_ms / self.recorded_tuned_ms - 1.0) * 100.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"vs_default": self.vs_default, "vs_recorded_pct": self.vs_recorded_pct}
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    gpu: GpuInfo
+    versions: Versions
+    bundle_gpu: GpuInfo
+    bundle_versions: Versions
+    margins: Margins
+    started: str
+    results: list[EntryResult]
+
+    @property
+    def failed(self) -> list[EntryResult]:
+        return [r for r in self.results if not r.ok]
+
+    def to_json(self, bundle_path: str) -> dict[str, Any]:
+        return {
+            "bundle": bundle_path, "started": self.started, "finished": env.now(),
+            "gpu": self.gpu.model_dump(), "versions": self.versions.model_dump(),
+            "bundle_gpu": self.bundle_gpu.model_dump(), "bundle_versions": self.bundle_versions.model_dump(),
+            "margins": dataclasses.asdict(self.margins), "ok": not self.failed,
+            "entries": [r.to_json() for r in self.results],
+        }
+
+
+# --- pure rules (no GPU): tested on the CPU ----------------------------------------------
+
+
+def target_problem(bundle_gpu: GpuInfo, here: GpuInfo) -> str | None:
+    """Why this GPU cannot verify the bundle (another compute capability), or None."""
+    if bundle_gpu.compute_capability != here.compute_capability:
+        return (f"the bundle was tuned on {bundle_gpu.name} (sm {bundle_gpu.compute_capability}) but this GPU is "
+                f"{here.name} (sm {here.compute_capability}); pass --allow-arch-mismatch to verify it here anyway")
+    return None
+
+
+def timing_reasons(entry: Entry, tuned_ms: float, default_ms: float, same_as_default: bool,
+                   margins: Margins) -> list[str]:
+    """Why the timings measured now fail the entry (empty: they pass)."""
+    reasons: list[str] = []
+    if not same_as_default and tuned_ms > default_ms * (1.0 + margins.noise_pct / 100.0):
+        reasons.append(f"slower than Helion's default config: {tuned_ms:.4f} ms vs {default_ms:.4f} ms "
+                       f"(+{(tuned_ms / default_ms - 1) * 100:.1f}%, margin {margins.noise_pct:g}%)")
+    recorded = entry.timing.tuned_ms
+    if tuned_ms > recorded * (1.0 + margins.regression_pct / 100.0):
+        reasons.append(f"regressed vs the recorded timing: {tuned_ms:.4f} ms now, {recorded:.4f} ms recorded "
+                       f"(+{(tuned_ms / recorded - 1) * 100:.1f}%, margin {margins.regression_pct:g}%)")
+    return reasons
+
+
+def describe(r: EntryResult) -> str:
+    if r.tuned_ms is None:
+        return "; ".join(r.reasons)
+    text = f"{r.tuned_ms:.4f} ms (default {r.default_ms:.4f} ms, {r.vs_default:.2f}x; recorded " \
+           f"{r.recorded_tuned_ms:.4f} ms, {r.vs_recorded_pct:+.1f}%"
+    if r.baseline_ms is not None:
+        text += f"; {r.baseline} {r.baseline_ms:.4f} ms, {r.baseline_ms / r.tuned_ms:.2f}x"
+    text += ")"
+    return text + ("" if r.ok else ": " + "; ".join(r.reasons))
+
+
+# --- the GPU run ------------------------------------------------------------------------
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def environment_check(bundle: Bundle, allow_arch_mismatch: bool) -> GpuInfo:
+    """This machine's GPU, or VerifyInputError (no CUDA GPU, ref mode, another arch)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        g = bundle.provenance.gpu
+        raise VerifyInputError(f"no CUDA GPU visible: verify re-runs every entry on the GPU; run it on a {g.name} "
+                               f"(sm {g.compute_capability}) machine")
+    if os.environ.get("HELION_INTERPRET") == "1":
+        raise VerifyInputError("HELION_INTERPRET=1 (Helion ref mode) compiles nothing: unset it to verify configs")
+    here = env.gpu_info(torch.cuda.current_device())
+    problem = target_problem(bundle.provenance.gpu, here)
+    if problem is not None and not allow_arch_mismatch:
+        raise VerifyInputError(problem)
+    return here
+
+
+def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResult:
+    import helion
+    import torch
+
+    from autotune_cli.tuner import TuneFailure, accuracy_reason, bench_ms, check_accuracy
+    from kernels.registry import DTYPES, all_kernels
+
+    t0 = time.perf_counter()
+    res = EntryResult(key=entry.key, ok=False, reasons=[], recorded_tuned_ms=entry.timing.tuned_ms,
+                      recorded_default_ms=entry.timing.default_ms)
+    tk = all_kernels().get(entry.kernel)
+    if tk is None:
+        res.reasons.append(f"unknown kernel {entry.kernel!r} (not in this checkout's registry)")
+        return res
+    device = torch.device("cuda", torch.cuda.current_device())
+    dtype = DTYPES[entry.dtype]
+    check_seed = entry.search.seed + 1 if seed is None else seed
+    try:
+        problem = tk.make_problem(entry.dims, dtype, device, entry.search.seed)
+        check = tk.make_problem(entry.dims, dtype, device, check_seed)
+        bound = tk.kernel.bind(problem.args)
+        default = bound.config_spec.default_config()
+        config = helion.Config.from_dict(entry.config)
+        res.same_as_default = config == default
+    except Exception as e:  # bad dims for this kernel, inputs that do not fit: a finding
+        res.reasons.append(f"cannot build the problem: {_first_line(e)}")
+        return res
+    try:
+        fn: Callable[..., Any] = bound.compile_config(config, allow_print=False)
+    except Exception as e:  # the compiler's verdict on this config, reported per entry
+        res.reasons.append(f"does not compile: {_first_line(e)}")
+        return res
+    try:
+        tol = Tolerance(atol=entry.accuracy.atol, factor=entry.accuracy.factor)
+        acc = check_accuracy(check, check.run(fn), tol)
+        torch.cuda.synchronize()
+    except TuneFailure as e:
+        res.reasons.append(f"wrong outputs: {e}")
+        return res
+    except Exception as e:  # Triton compiles at the first launch: its errors land here too
+        res.reasons.append(f"does not run: {_first_line(e)}")
+        return res
+    res.max_abs_err, res.bound = dict(acc.max_abs_err), dict(acc.bound)
+    if not acc.passed:
+        res.reasons.append(accuracy_reason(acc))
+        return res
+    fn_default = fn if res.same_as_default else bound.compile_config(default, allow_print=False)
+    res.tuned_ms = bench_ms(lambda: problem.run(fn), device)
+    res.default_ms = res.tuned_ms if res.same_as_default else bench_ms(lambda: problem.run(fn_default), device)
+    if tk.make_baseline is not None:
+        base = tk.make_baseline(entry.dims, dtype, device, entry.search.seed)
+        if base is not None:
+            res.baseline_ms, res.baseline = bench_ms(base.fn, device), base.name
+    res.reasons += timing_reasons(entry, res.tuned_ms, res.default_ms, res.same_as_default, margins)
+    res.ok = not res.reasons
+    res.seconds = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def _context_broken() -> str | None:
+    """A sticky CUDA error (illegal address, ...) poisons every later launch in the process."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # any error here means the context is gone
+        return _first_line(e)
+    return None
+
+
+def verify_bundle(
+    bundle: Bundle,
+    *,
+    margins: Margins = Margins(),
+    seed: int | None = None,
+    kernels: list[str] | None = None,
+    allow_arch_mismatch: bool = False,
+    progress: Callable[[int, int, Entry, EntryResult | None], None] | None = None,
+) -> VerifyResult:
+    """Verify the entries (of `kernels`, or all) on this GPU; VerifyInputError if it cannot."""
+    here = environment_check(bundle, allow_arch_mismatch)
+    started = env.now()
+    entries = [e for e in bundle.entries.values() if kernels is None or e.kernel in kernels]
+    results: list[EntryResult] = []
+    broken: str | None = None
+    for i, entry in enumerate(entries, 1):
+        if progress is not None:
+            progress(i, len(entries), entry, None)
+        if broken is not None:
+            r = EntryResult(entry.key, False, [f"not run: the CUDA context broke earlier ({broken})"],
+                            entry.timing.tuned_ms, entry.timing.default_ms)
+        else:
+            t0 = time.perf_counter()
+            try:
+                r = verify_entry(entry, margins, seed)
+            except Exception as e:  # an unexpected error in one entry must not hide the others
+                r = EntryResult(entry.key, False, [f"error: {_first_line(e)}"], entry.timing.tuned_ms,
+                                entry.timing.default_ms)
+            r.seconds = round(time.perf_counter() - t0, 2)
+            if not r.ok:
+                broken = _context_broken()
+        results.append(r)
+        if progress is not None:
+            progress(i, len(entries), entry, r)
+    for r in results:  # JSON has no inf/nan
+        r.max_abs_err = {k: (v if math.isfinite(v) else 1e30) for k, v in r.max_abs_err.items()}
+    return VerifyResult(gpu=here, versions=env.versions(), bundle_gpu=bundle.provenance.gpu,
+                        bundle_versions=bundle.provenance.versions, margins=margins, started=started,
+                        results=results)
