@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kernels.bundle import Bundle
-from kernels.registry import DTYPES, TunableKernel, all_kernels
+from kernels.registry import DTYPES, ModelShape, TunableKernel, all_kernels
 
 
 def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any] | None) -> str:
@@ -37,3 +37,50 @@ def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
         except Exception as e:  # any compiler error is a finding, reported per entry
             problems.append((key, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
     return problems
+
+
+# Layer shapes at which every kernel's default config must lower: odd sizes, one group,
+# seqlen not a multiple of chunk_size, and a real model (Nemotron-3 Nano, TP 2).
+LOWERING_SHAPES = [
+    ModelShape(batch=1, seqlen=100, nheads=4, headdim=16, ngroups=2, dstate=16, chunk_size=32),
+    ModelShape(batch=2, seqlen=48, nheads=3, headdim=24, ngroups=1, dstate=8, chunk_size=16),
+    ModelShape(batch=2, seqlen=8192, nheads=32, headdim=64, ngroups=4, dstate=128, chunk_size=128),
+]
+
+
+def main() -> int:
+    """Lower every kernel's default config at LOWERING_SHAPES and every committed bundle config."""
+    from kernels.bundle import BundleError, find_bundles, load_bundle
+    from kernels.runtime import default_bundle_paths
+
+    failures = 0
+    for tk in all_kernels().values():
+        for shape in LOWERING_SHAPES:
+            dims = tk.dims_for(shape)
+            if dims is None:
+                continue
+            for dtype in ("bf16", "fp32"):
+                try:
+                    lower(tk, dims, dtype, None)
+                    print(f"ok   {tk.name} {dims} {dtype} default config")
+                except Exception as e:
+                    failures += 1
+                    print(f"FAIL {tk.name} {dims} {dtype} default config: {type(e).__name__}: {e}")
+    for path in find_bundles(default_bundle_paths()):
+        try:
+            bundle = load_bundle(path)
+        except BundleError as e:
+            failures += 1
+            print(f"FAIL {e}")
+            continue
+        bad = lower_bundle(bundle)
+        failures += len(bad)
+        for key, why in bad:
+            print(f"FAIL {path}: {key}: {why}")
+        print(f"{'ok  ' if not bad else 'FAIL'} {path}: {len(bundle.entries) - len(bad)}/{len(bundle.entries)} "
+              "configs lower")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

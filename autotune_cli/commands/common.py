@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import enum
+import sys
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 
-# Results (tables, JSON) go to stdout; progress and diagnostics to stderr.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+# Results (tables, JSON) go to stdout; progress and diagnostics to stderr. Piped output
+# (CI logs, files) gets a wide fixed width instead of rich's 80-column default.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1

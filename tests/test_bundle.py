@@ -1,0 +1,77 @@
+"""Bundle format v1: round trip, stable layout, validation errors, atomic writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bundles import bundle, entry, norm_dims
+
+from kernels.bundle import (
+    BundleError,
+    dumps_bundle,
+    entry_key,
+    load_bundle,
+    parse_bundle,
+    parse_key,
+    write_bundle,
+)
+
+
+def test_round_trip_and_stable_text(tmp_path):
+    b = bundle(entry(), entry("gated_norm_bwd", tuned_ms=0.09), entry(dims=norm_dims(rows=8192)))
+    p = tmp_path / "h200" / "x.json"
+    write_bundle(b, p)
+    loaded = load_bundle(p)
+    assert loaded == b
+    text = p.read_text()
+    assert dumps_bundle(loaded) == text  # writing what was read changes nothing
+    data = json.loads(text)
+    assert list(data) == sorted(data) and list(data["entries"]) == sorted(data["entries"])
+    # Helion's short int lists stay on one line: diffs show one changed line per field.
+    assert '"block_sizes": [8, 1]' in text
+
+
+def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
+    p = tmp_path / "b.json"
+    write_bundle(bundle(entry()), p)
+    before = p.read_text()
+    bad = bundle(entry()).model_copy(update={"entries": {"wrong|key|bf16": entry()}})
+    with pytest.raises(BundleError):
+        write_bundle(bad, p)
+    assert p.read_text() == before
+    assert [q.name for q in tmp_path.iterdir()] == ["b.json"]
+
+
+def test_entry_key_is_canonical():
+    dims = norm_dims()
+    assert entry_key("k", dims, "bf16") == entry_key("k", dict(reversed(list(dims.items()))), "bf16")
+    kernel, parsed, dtype = parse_key(entry_key("k", dims, "bf16"))
+    assert (kernel, parsed, dtype) == ("k", dims, "bf16")
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda d: d.update(schema_version=2), r"schema_version 2 is not supported"),
+        (lambda d: d["entries"].update({"bad|key|bf16": next(iter(d["entries"].values()))}),
+         r"key does not match its fields"),
+        (lambda d: next(iter(d["entries"].values()))["accuracy"].update(passed=False), r"accuracy.passed is false"),
+        (lambda d: next(iter(d["entries"].values()))["timing"].update(tuned_ms=-1.0), r"timing.tuned_ms"),
+        (lambda d: next(iter(d["entries"].values())).update(dtype="int8"), r"dtype: Input should be"),
+        (lambda d: d["provenance"].pop("gpu"), r"provenance.gpu: Field required"),
+        (lambda d: d.update(extra_field=1), r"extra_field: Extra inputs are not permitted"),
+    ],
+    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra"],
+)
+def test_invalid_bundles_give_one_line(mutate, match):
+    data = json.loads(dumps_bundle(bundle(entry())))
+    mutate(data)
+    with pytest.raises(BundleError, match=match) as e:
+        parse_bundle(json.dumps(data), source="b.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("b.json")
+
+
+def test_not_json():
+    with pytest.raises(BundleError, match=r"^b.json:2: not valid JSON"):
+        parse_bundle('{\n  "entries": ,\n}', source="b.json")

@@ -1,0 +1,107 @@
+"""The CLI: plan, validate, show, sweep/tune argument checks (CliRunner), exit codes 0/1/2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bundles import bundle, entry, norm_dims
+from typer.testing import CliRunner
+
+from autotune_cli.app import app
+from kernels.bundle import write_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_plan_table_and_json():
+    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    keys = [c["key"] for c in data["combos"]]
+    assert len(keys) == len(set(keys))
+    norm = [c for c in data["combos"] if c["kernel"].startswith("gated_norm")]
+    # 2 kernels x (TP1, TP2) x (seqlen 8192, 4096)
+    assert len(norm) == 8
+    assert {c["dims"]["d"] for c in norm} == {4096, 2048} and {c["dims"]["rows"] for c in norm} == {16384, 8192}
+    assert data["estimate_seconds_total"] == pytest.approx(data["estimate_seconds_per_combo"] * len(keys))
+    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--gpus", "2")
+    assert r.exit_code == 0 and "estimate" in r.stdout
+
+
+def test_plan_deduplicates(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text().replace("batch: [1]\nseqlen: [64, 40]",
+                                                                        "batch: [1, 2]\nseqlen: [64, 32]"))
+    r = run("plan", str(spec), "--json")
+    data = json.loads(r.stdout)
+    # rows = batch * seqlen: (1, 64) and (2, 32) give the same norm combo
+    rows = sorted(c["dims"]["rows"] for c in data["combos"] if c["kernel"] == "gated_norm_fwd" and
+                  c["dims"]["d"] == 64)
+    assert rows == [32, 64, 128]
+    merged = [c for c in data["combos"] if c["dims"].get("rows") == 64 and c["kernel"] == "gated_norm_fwd"
+              and c["dims"]["d"] == 64]
+    assert len(merged[0]["origins"]) == 2
+
+
+def test_bad_spec_exits_2_with_one_line(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text().replace("dtypes: [bf16]", "dtypes: [bf17]"))
+    for cmd in ("plan", "sweep", "validate"):
+        r = run(cmd, str(spec))
+        assert r.exit_code == 2, (cmd, r.output)
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln]
+        assert len(lines) == 1 and "bad.yaml:10: dtypes[0]: Input should be" in lines[0], r.stderr
+
+
+def test_sweep_without_gpu_points_at_plan(tmp_path):
+    r = run("sweep", str(ROOT / "tests/data/tiny.yaml"), "-o", str(tmp_path / "out"))
+    assert r.exit_code == 2
+    assert "no CUDA GPU" in r.stderr and "mamba-tune plan" in r.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))
+
+
+def test_tune_argument_errors(tmp_path):
+    r = run("tune", "gated_norm_fwd", "--dims", "rows=8,d=64", "-o", str(tmp_path))
+    assert r.exit_code == 2 and "missing group_size" in r.stderr
+    r = run("tune", "gated_norm_fwd", "--dims", "rows=8,width=3", "-o", str(tmp_path))
+    assert r.exit_code == 2 and "has no dim 'width'" in r.stderr
+    r = run("tune", "no_such_kernel", "--dims", "a=1")
+    assert r.exit_code == 2 and "unknown kernel 'no_such_kernel'" in r.stderr
+    r = run("tune", "gated_norm_fwd", "--dims", "rows=x")
+    assert r.exit_code == 2 and "is not an integer" in r.stderr
+
+
+def test_validate_and_show(tmp_path):
+    good = tmp_path / "h200" / "good.json"
+    write_bundle(bundle(entry(), entry("gated_norm_bwd", dims=norm_dims(rows=8192), baseline_ms=None)), good)
+    r = run("validate", str(tmp_path), str(ROOT / "sweeps"))
+    assert r.exit_code == 0, r.output
+    assert "2 entries" in r.stdout and "nemotron-nano" in r.stdout
+    r = run("show", str(good))
+    assert r.exit_code == 0 and "gated_norm_bwd" in r.stdout and "NVIDIA H200" in r.stdout
+    r = run("show", str(good), "--json")
+    assert json.loads(r.stdout)["schema_version"] == 1
+
+
+def test_validate_rejects_unknown_kernel_and_bad_json(tmp_path):
+    p = tmp_path / "b.json"
+    write_bundle(bundle(entry()), p)
+    data = json.loads(p.read_text())
+    (key, e), = data["entries"].items()
+    e["dims"]["width"] = 3
+    data["entries"] = {key.replace("weight_fp32=1", "weight_fp32=1,width=3"): e}
+    p.write_text(json.dumps(data))
+    r = run("validate", str(p))
+    assert r.exit_code == 2 and "dims: expected exactly" in r.stderr
+    p.write_text("[1, 2")
+    r = run("validate", str(p))
+    assert r.exit_code == 2 and "not valid JSON" in r.stderr
+    r = run("show", str(tmp_path / "missing.json"))
+    assert r.exit_code == 2

@@ -1,0 +1,150 @@
+"""Gated RMSNorm / LayerNorm: numerics against the fp32 reference, shape errors, determinism.
+
+On CPU these run the Helion kernel bodies in ref mode (see conftest.py); the GPU versions
+at real sizes are in test_norm_gpu.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kernels import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
+from kernels.reference import gated_norm_ref
+
+# (dtype, atol): err(kernel) <= 2 * err(eager torch in dtype) + atol, against fp32.
+TOLS = [
+    pytest.param(torch.float32, 1e-5, id="fp32"),
+    pytest.param(torch.bfloat16, 1e-2, id="bf16"),
+    pytest.param(torch.float16, 2e-3, id="fp16"),
+]
+# (rows, d, group_size): odd row counts, one row, whole-row and grouped, non-pow2 groups.
+SHAPES = [
+    pytest.param(37, 64, None, id="37x64-whole"),
+    pytest.param(1, 96, 32, id="1row-3groups"),
+    pytest.param(50, 80, 40, id="50x80-g40"),
+    pytest.param(129, 48, 16, id="129x48-g16"),
+]
+OPTIONS = [
+    pytest.param(z, nbg, bias, rms, id=f"{'z' if z else 'noz'}-{'nbg' if nbg else 'gbn'}-"
+                 f"{'bias' if bias else 'nobias'}-{'rms' if rms else 'ln'}")
+    for z, nbg, bias, rms in itertools.product([True, False], [True, False], [True, False], [True, False])
+    if z or nbg  # without z, norm_before_gate has no effect: skip the duplicate
+]
+
+
+def _inputs(rows, d, dtype, wdtype, z, bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, d, generator=g).to(dtype)
+    zz = torch.randn(rows, d, generator=g).to(dtype) if z else None
+    w = (1 + 0.1 * torch.randn(d, generator=g)).to(wdtype)
+    b = (0.1 * torch.randn(d, generator=g)).to(wdtype) if bias else None
+    dy = torch.randn(rows, d, generator=g).to(dtype)
+    return x, zz, w, b, dy
+
+
+def _grads(fn, leaves, dy):
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in leaves]
+    out = fn(*leaves)
+    present = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad(out, present, dy.to(out.dtype))
+    it = iter(grads)
+    return out, [next(it) if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("dtype,atol", TOLS)
+@pytest.mark.parametrize("rows,d,group_size", SHAPES)
+@pytest.mark.parametrize("has_z,norm_before_gate,has_bias,is_rms", OPTIONS)
+@pytest.mark.parametrize("weight_fp32", [True, False], ids=["w32", "wlow"])
+def test_forward_backward_matches_reference(
+    nan_empty, dtype, atol, rows, d, group_size, has_z, norm_before_gate, has_bias, is_rms, weight_fp32
+):
+    wdtype = torch.float32 if weight_fp32 else dtype
+    x, z, w, b, dy = _inputs(rows, d, dtype, wdtype, has_z, has_bias)
+    eps = 1e-6
+
+    def ours(x, z, w, b):
+        return layernorm_fn(x, w, b, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate,
+                            is_rms_norm=is_rms)
+
+    def ref(upcast):
+        def f(x, z, w, b):
+            return gated_norm_ref(x, w, b, z, eps, group_size, norm_before_gate, is_rms, upcast=upcast)
+        return f
+
+    out, g = _grads(ours, [x, z, w, b], dy)
+    ref_out, ref_g = _grads(ref(True), [t.float() if t is not None else None for t in (x, z, w, b)], dy.float())
+    low_out, low_g = _grads(ref(False), [x, z, w, b], dy)
+
+    assert out.dtype == dtype and out.shape == x.shape
+    names = ["out", "dx", "dz", "dw", "db"]
+    for name, got, want, low in zip(names, [out, *g], [ref_out, *ref_g], [low_out, *low_g]):
+        if want is None:
+            assert got is None, name
+            continue
+        assert got.dtype == ([x, z, w, b][names.index(name) - 1].dtype if name != "out" else dtype), name
+        err = (got.float() - want.float()).abs().max().item()
+        bound = 2 * (low.float() - want.float()).abs().max().item() + atol
+        assert err <= bound, f"{name}: err {err:.3g} > bound {bound:.3g}"
+
+
+def test_modules_match_functions():
+    torch.manual_seed(0)
+    x, z = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    m = RMSNormGated(64, eps=1e-5, group_size=16, norm_before_gate=False)
+    torch.nn.init.normal_(m.weight, 1.0, 0.1)
+    want = gated_norm_ref(x, m.weight, None, z, 1e-5, 16, False, True)
+    torch.testing.assert_close(m(x, z), want, rtol=1e-5, atol=1e-5)
+    ln = LayerNormGated(64, group_size=32)
+    torch.testing.assert_close(ln(x, z), gated_norm_ref(x, ln.weight, ln.bias, z, 1e-5, 32, True, False),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_leading_dims_and_noncontiguous_inputs():
+    torch.manual_seed(1)
+    x = torch.randn(3, 64, 7).transpose(1, 2)  # (3, 7, 64), non-contiguous
+    z = torch.randn(3, 7, 64)
+    w = torch.randn(64)
+    got = rmsnorm_fn(x, w, None, z, group_size=32)
+    torch.testing.assert_close(got, gated_norm_ref(x, w, None, z, 1e-6, 32, True, True), rtol=1e-5, atol=1e-5)
+
+
+def test_backward_is_bitwise_deterministic():
+    x, z, w, b, dy = _inputs(300, 128, torch.bfloat16, torch.float32, True, True, seed=3)
+    runs = []
+    for _ in range(3):
+        _, g = _grads(lambda x, z, w, b: rmsnorm_fn(x, w, b, z, group_size=64, norm_before_gate=False),
+                      [x, z, w, b], dy)
+        runs.append(g)
+    for other in runs[1:]:
+        for a, c in zip(runs[0], other):
+            assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(x=(4, 64), w=(32,)), r"weight shape \(32,\) != \(64,\)"),
+        (dict(x=(4, 64), w=(64,), z=(4, 32)), r"z shape \(4, 32\) != x shape \(4, 64\)"),
+        (dict(x=(4, 64), w=(64,), group_size=24), r"group_size 24 does not divide d=64"),
+        (dict(x=(4, 64), w=(64,), b=(63,)), r"bias must be \(64,\)"),
+        (dict(x=(0, 64), w=(64,)), r"non-empty"),
+    ],
+    ids=["weight", "z", "group_size", "bias", "empty"],
+)
+def test_bad_shapes_raise_value_error(kwargs, match):
+    x = torch.randn(*kwargs["x"])
+    w = torch.randn(*kwargs["w"])
+    z = torch.randn(*kwargs["z"]) if "z" in kwargs else None
+    b = torch.randn(*kwargs["b"]) if "b" in kwargs else None
+    with pytest.raises(ValueError, match=match):
+        rmsnorm_fn(x, w, b, z, group_size=kwargs.get("group_size"))
+
+
+def test_bad_dtype_raises_value_error():
+    with pytest.raises(ValueError, match="z dtype"):
+        rmsnorm_fn(torch.randn(2, 8), torch.randn(8), None, torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x dtype torch.int32"):
+        rmsnorm_fn(torch.ones(2, 8, dtype=torch.int32), torch.randn(8), None)

@@ -1,0 +1,109 @@
+"""The sweep end to end with real worker processes (CPU dry run: Helion ref mode, no
+search): every entry written at once, resume after a SIGKILL, the file lock, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from kernels.bundle import load_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "tests/data/tiny.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def sweep_cmd(out: Path, *extra: str, spec: Path = SPEC) -> list[str]:
+    return [sys.executable, "-m", "autotune_cli", "sweep", str(spec), "-o", str(out), "--cpu-dry-run",
+            "--log-dir", str(out / "logs"), *extra]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
+    return e
+
+
+def small_spec(tmp_path: Path) -> Path:
+    """The tiny spec at TP 1 only: 4 combos, to keep the subprocess tests short."""
+    p = tmp_path / "tiny.yaml"
+    p.write_text(SPEC.read_text().replace("tp: [1, 2]", "tp: [1]"))
+    return p
+
+
+def test_resume_after_kill(tmp_path):
+    out = tmp_path / "out"
+    spec = small_spec(tmp_path)
+    bundle_path = out / "cpu" / "tiny.json"
+    proc = subprocess.Popen(sweep_cmd(out, spec=spec), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if bundle_path.exists() and load_bundle(bundle_path).entries:
+            break
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        time.sleep(0.2)
+    else:
+        pytest.fail("no entry written in time")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = load_bundle(bundle_path)  # still valid JSON: writes are atomic
+    done = len(first.entries)
+    assert 1 <= done < 4
+
+    r = subprocess.run(sweep_cmd(out, spec=spec), env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"4 combos, {done} already in" in r.stderr
+    final = load_bundle(bundle_path)
+    assert len(final.entries) == 4 and not final.failures
+    for key, e in first.entries.items():  # kept as written, not redone
+        assert final.entries[key].tuned_at == e.tuned_at
+    assert final.provenance.gpu.sku == "cpu" and final.provenance.spec and final.provenance.spec.name == "tiny"
+    assert set(final.provenance.kernels) == {"gated_norm_fwd", "gated_norm_bwd"}
+    for e in final.entries.values():
+        assert e.accuracy.passed and e.search.effort == "none"
+
+    # a third run has nothing to do
+    r = subprocess.run(sweep_cmd(out, spec=spec), env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "4 already in" in r.stderr and "0 to tune" in r.stderr
+
+
+def test_lock_held_by_another_process(tmp_path):
+    out = tmp_path / "out"
+    (out / "cpu").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from filelock import FileLock; "
+         f"l = FileLock({str(out / 'cpu' / 'tiny.json.lock')!r}); l.acquire(); print('held', flush=True); "
+         "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = subprocess.run(sweep_cmd(out), env=env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2
+        assert "another sweep is writing" in r.stderr
+        assert not (out / "cpu" / "tiny.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with FileLock(str(out / "cpu" / "tiny.json.lock")).acquire(timeout=5):
+        pass
+
+
+def test_worker_failure_is_recorded_and_exits_1(tmp_path):
+    """A combo whose worker dies (timeout) is a recorded failure; the others still land."""
+    out = tmp_path / "out"
+    r = subprocess.run(sweep_cmd(out, "--timeout", "1", spec=small_spec(tmp_path)), env=env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    b = json.loads((out / "cpu" / "tiny.json").read_text())
+    assert len(b["failures"]) == 4 and not b["entries"]
+    assert all("timed out" in f["reason"] for f in b["failures"].values())
+    assert "4 combo(s) failed" in r.stderr
