@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+from rich.markup import escape
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, out
+from autotune_cli.commands.common import fail as _fail
 from autotune_cli.review.sources import SourceError, load_source
 from autotune_cli.spec import SpecError, load_spec
 from kernels.bundle import BundleError, load_bundle
@@ -28,6 +30,11 @@ class OutputFormat(str, enum.Enum):
 
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), markdown (a PR comment) "
                                                                         "or json (machines).")]
+
+
+def fail(message: str) -> NoReturn:
+    # common.fail prints with rich markup on: escape, or "[report]" in a message vanishes.
+    _fail(escape(message))
 
 
 def _print_raw(text: str) -> None:
@@ -69,7 +76,7 @@ def diff_command(
         out.print(d.to_rich(result, regs, fail_on_regression))
     if regs:
         for r in regs:
-            err.print(f"[red]regression[/] {r.path}: {r.key}: {r.describe()}")
+            err.print(f"[red]regression[/] {escape(f'{r.path}: {r.key}: {r.describe()}')}")
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
@@ -132,6 +139,7 @@ def verify_command(
 ) -> None:
     """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats Helion's default config."""
     from rich.table import Table
+    from rich.text import Text
 
     from autotune_cli.review import verify as v
 
@@ -150,7 +158,7 @@ def verify_command(
             err.print(f"[{i}/{n}] {key} ...", markup=False)
         else:
             status = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
-            err.print(f"[{i}/{n}] {key}: {status} {v.describe(r)} in {r.seconds:.1f}s", markup=True)
+            err.print(f"[{i}/{n}] {escape(key)}: {status} {escape(v.describe(r))} in {r.seconds:.1f}s", markup=True)
 
     try:
         result = v.verify_bundle(bundle, margins=v.Margins(noise_pct, regression_pct), seed=seed,
@@ -166,10 +174,10 @@ def verify_command(
     for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
         table.add_column(col, overflow="fold")
     for r in result.results:
-        table.add_row(r.key, "ok" if r.ok else "FAILED", "-" if r.tuned_ms is None else f"{r.tuned_ms:.4f}",
+        table.add_row(*map(Text, (r.key, "ok" if r.ok else "FAILED", "-" if r.tuned_ms is None else f"{r.tuned_ms:.4f}",
                       "-" if r.default_ms is None else f"{r.default_ms:.4f}",
                       "-" if r.vs_default is None else f"{r.vs_default:.2f}x", f"{r.recorded_tuned_ms:.4f}",
-                      "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))
+                      "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))))
     out.print(table)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -194,9 +194,16 @@ def to_markdown(r: CheckResult) -> str:
         lines += ["| status | combo | why |", "|---|---|---|"]
         for c in bad:
             why = "<br>".join(x.replace("|", "\\|") for x in c.reasons)
-            lines.append(f"| {c.status} | `{c.key}` | {why} |")
+            # GFM splits table cells at '|' even inside code spans: escape the key's pipes.
+            key = c.key.replace("|", "\\|")
+            lines.append(f"| {c.status} | `{key}` | {why} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _add_row(table: Table, *cells: str | Text) -> None:
+    """Cells are plain text: a '[...]' in a config value or an error is not rich markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))
 
 
 def to_rich(r: CheckResult) -> RenderableType:
@@ -207,6 +214,6 @@ def to_rich(r: CheckResult) -> RenderableType:
         for col in ("status", "combo", "why"):
             t.add_column(col, overflow="fold")
         for c in bad:
-            t.add_row(Text(c.status, style="red" if c.status == "missing" else "yellow"), c.key, "\n".join(c.reasons))
+            _add_row(t, Text(c.status, style="red" if c.status == "missing" else "yellow"), c.key, "\n".join(c.reasons))
         parts.append(t)
     return Group(*parts)

@@ -406,6 +406,11 @@ def to_markdown(diff: Diff, regs: list[Regression] | None = None, pct: float | N
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _add_row(table: Table, *cells: str | Text) -> None:
+    """Cells are plain text: a '[...]' in a config value or an error is not rich markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))
+
+
 # --- rich table -------------------------------------------------------------------------
 
 
@@ -416,7 +421,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
         for col in ("bundle", "entry", "what"):
             t.add_column(col, overflow="fold")
         for r in regs:
-            t.add_row(r.path, r.key, r.describe())
+            _add_row(t, r.path, r.key, r.describe())
         parts.append(t)
     for b in diff.bundles:
         if not b.has_changes:
@@ -427,7 +432,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
             for col in ("field", "old", "new"):
                 t.add_column(col, overflow="fold")
             for c in b.provenance:
-                t.add_row(c.field, _value(c.old), _value(c.new))
+                _add_row(t, c.field, _value(c.old), _value(c.new))
             parts.append(t)
         rows = [e for e in b.entries if e.kind != "unchanged"]
         if rows:
@@ -436,7 +441,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
                 t.add_column(col, overflow="fold")
             style = {"added": "green", "removed": "red", "changed": "yellow"}
             for e in rows:
-                t.add_row(Text(e.kind, style=style[e.kind]), e.key, "\n".join(_config_lines(e)) or
+                _add_row(t, Text(e.kind, style=style[e.kind]), e.key, "\n".join(_config_lines(e)) or
                           ("" if e.kind != "changed" else "(same config)"), _tuned_cell(e),
                           _speedup_cell(e, "vs_default"), _speedup_cell(e, "vs_baseline"))
             parts.append(t)
@@ -446,6 +451,6 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
                 t.add_column(col, overflow="fold")
             for f in b.failures:
                 side = f.new or f.old
-                t.add_row(f.kind, f.key, side.reason if side else "")
+                _add_row(t, f.kind, f.key, side.reason if side else "")
             parts.append(t)
     return Group(*parts)

@@ -39,7 +39,7 @@ def shape_labels(entries: list[Entry]) -> list[str]:
     with_dtype = len({e.dtype for e in entries}) > 1
     labels = []
     for e in entries:
-        shown = dims or list(e.dims)
+        shown = dims if dims or with_dtype else list(e.dims)
         parts = [f"{d}={e.dims[d]}" for d in shown]
         if with_dtype:
             parts.append(e.dtype)
@@ -99,6 +99,7 @@ def _x(v: float | None) -> str:
 
 
 def _md(text: str) -> str:
+    # GFM splits table cells at '|' even inside code spans (entry keys are full of them).
     return text.replace("|", "\\|")
 
 
@@ -141,7 +142,7 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
         lines.append("")
     if bundle.failures:
         lines += ["## Failures", "", "| entry | reason |", "|---|---|"]
-        lines += [f"| `{k}` | {_md(f.reason)} |" for k, f in sorted(bundle.failures.items())]
+        lines += [f"| {_md(f'`{k}`')} | {_md(f.reason)} |" for k, f in sorted(bundle.failures.items())]
         lines.append("")
     v = p.versions
     lines += [
@@ -150,7 +151,7 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
         f"{p.gpu.sm_count} SMs) |",
         f"| versions | helion {v.helion}, torch {v.torch}, triton {v.triton}, CUDA {v.cuda or '-'}, "
         f"driver {v.driver or '-'}, Python {v.python} |",
-        f"| spec | {'-' if p.spec is None else f'{p.spec.name} (`{p.spec.path}`, sha256 {p.spec.sha256[:12]})'} |",
+        f"| spec | {'-' if p.spec is None else _md(f'{p.spec.name} (`{p.spec.path}`, sha256 {p.spec.sha256[:12]})')} |",
         f"| tool | mamba-tune {p.tool_version}, git {p.git_sha or '-'} |",
         f"| created / updated | {p.created} / {p.updated} |",
     ]

@@ -97,3 +97,21 @@ def write(b: Bundle, path: Path) -> Path:
 
     write_bundle(b, path)
     return path
+
+
+def assert_md_tables(md: str) -> int:
+    """Every GFM table row has the header's number of cells (an unescaped '|' in a cell,
+    even inside a code span, splits it); returns the number of tables seen."""
+    import re
+
+    tables = 0
+    width: int | None = None
+    for line in md.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2
+        if width is None:
+            width, tables = cells, tables + 1
+        assert cells == width, f"{cells} cells, header has {width}: {line}"
+    return tables

@@ -81,7 +81,8 @@ def test_missing(tmp_path: Path, combos: list[Combo], hashes: dict[str, str]) ->
     res = runner.invoke(app, ["check", str(TINY), "--bundles", str(tmp_path), "--format", "markdown"])
     assert res.exit_code == 1
     assert "6/8 combos covered" in res.stdout and "2 missing, 0 stale" in res.stdout
-    assert f"| missing | `{combos[0].key}` |" in res.stdout
+    assert "| missing | `{}` |".format(combos[0].key.replace("|", "\\|")) in res.stdout
+    assert fx.assert_md_tables(res.stdout) == 1
 
 
 def test_no_bundles_for_the_sku(tmp_path: Path) -> None:

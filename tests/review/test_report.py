@@ -1,0 +1,84 @@
+"""`mamba-tune report`: real PNGs (one per kernel) and a report.md that embeds them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import review_fixtures as fx
+from typer.testing import CliRunner
+
+from autotune_cli.app import app
+from autotune_cli.review.report import shape_labels
+
+runner = CliRunner()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def report_bundle() -> fx.Bundle:
+    fwd = [fx.entry("gated_norm_fwd", fx.norm_dims(rows), tuned=0.1, default=0.1 * s, baseline=0.1 * b)
+           for rows, s, b in ((4096, 1.2, 0.9), (8192, 1.5, 1.1), (16384, 2.0, 1.4))]
+    bwd = [fx.entry("gated_norm_bwd", fx.norm_dims(rows, d=2048, group_size=256), tuned=0.2, default=0.3,
+                    baseline=None) for rows in (4096, 8192)]
+    return fx.bundle(fwd + bwd, [fx.failure("gated_norm_bwd", fx.norm_dims(1024), reason="worker timed out")])
+
+
+def test_report_files(tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    src = fx.write(report_bundle(), tmp_path / "h200" / "nano.json")
+    out = tmp_path / "report"
+    res = runner.invoke(app, ["report", str(src), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    pngs = {p.name: p for p in out.glob("*.png")}
+    assert set(pngs) == {"speedup-gated_norm_fwd.png", "speedup-gated_norm_bwd.png"}
+    for p in pngs.values():
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC
+        assert len(data) > 10_000
+        img = imread(p)
+        # figsize (max(6, 1.3 n + 2.5), 4.8) inches at 110 dpi, RGBA.
+        assert img.ndim == 3 and img.shape[2] == 4
+        assert img.shape[0] == 528 and img.shape[1] >= 660
+        assert img[..., :3].std() > 0.05  # not a blank canvas
+        assert str(p) in res.stdout
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Tuned configs: nemotron-nano on NVIDIA H200")
+    for name in pngs:
+        assert f"]({name})" in md
+    assert "## gated_norm_fwd" in md and "## gated_norm_bwd" in md
+    assert md.count("| bf16 |") == 5
+    assert "| 2.00x | 1.40x |" in md  # the rows=16384 fwd entry: vs default, vs baseline
+    assert "## Failures" in md and "worker timed out" in md
+    assert "## Provenance" in md and "helion 1.5.0, torch 2.11.0+cu130, triton 3.6.0" in md
+    assert "Geometric-mean speedup" in md
+    assert fx.assert_md_tables(md) == 4  # two kernels, failures, provenance
+
+
+def test_shape_labels_show_the_dims_that_vary() -> None:
+    es = [fx.entry(dims=fx.norm_dims(r, d=d)) for r, d in ((4096, 2048), (8192, 2048), (8192, 4096))]
+    assert shape_labels(es) == ["rows=4096\nd=2048", "rows=8192\nd=2048", "rows=8192\nd=4096"]
+    one = shape_labels(es[:1])[0]
+    assert "rows=4096" in one and "weight_fp32=1" in one
+    mixed = [fx.entry(dims=fx.norm_dims(4096)), fx.entry(dims=fx.norm_dims(4096), dtype="fp16")]
+    assert shape_labels(mixed) == ["bf16", "fp16"]
+
+
+def test_matplotlib_missing_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = fx.write(report_bundle(), tmp_path / "b.json")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # what `import` sees when it is not installed
+    res = runner.invoke(app, ["report", str(src), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert "matplotlib is not installed" in res.stderr and "mamba-tune[report]" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", str(tmp_path / "nope.json"), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    res = runner.invoke(app, ["report", str(bad), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "a bundle is a JSON object" in res.stderr
