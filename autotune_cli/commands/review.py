@@ -10,16 +10,21 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, out
 from autotune_cli.commands.common import fail as _fail
 from autotune_cli.review.sources import SourceError, load_source
 from autotune_cli.spec import SpecError, load_spec
-from kernels.bundle import BundleError, load_bundle
+from kernels.bundle import BundleError, Entry, load_bundle
+
+if TYPE_CHECKING:
+    from autotune_cli.review.verify import VerifyResult
 
 
 class OutputFormat(str, enum.Enum):
@@ -118,6 +123,22 @@ def check_command(
 # --- verify -----------------------------------------------------------------------------
 
 
+def _verify_table(result: VerifyResult, source: str) -> Table:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    ok = len(result.results) - len(result.failed)
+    table = Table(title=f"verify {source}: {ok}/{len(result.results)} ok")
+    for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
+        table.add_column(col, overflow="fold")
+    for r in result.results:
+        cells = (r.key, "ok" if r.ok else "FAILED", ms(r.tuned_ms), ms(r.default_ms),
+                 "-" if r.vs_default is None else f"{r.vs_default:.2f}x", ms(r.recorded_tuned_ms),
+                 "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))
+        table.add_row(*map(Text, cells))  # plain text: error messages may hold '[...]'
+    return table
+
+
 def verify_command(
     bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
                                                 dir_okay=False)],
@@ -138,9 +159,6 @@ def verify_command(
                     "checked it).")] = None,
 ) -> None:
     """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats Helion's default config."""
-    from rich.table import Table
-    from rich.text import Text
-
     from autotune_cli.review import verify as v
 
     try:
@@ -152,8 +170,8 @@ def verify_command(
         if unknown:
             fail(f"--kernel {', '.join(unknown)}: no entries of that kernel in {bundle_path}")
 
-    def progress(i: int, n: int, entry: object, r: v.EntryResult | None) -> None:
-        key = getattr(entry, "key", "?")
+    def progress(i: int, n: int, entry: Entry, r: v.EntryResult | None) -> None:
+        key = entry.key
         if r is None:
             err.print(f"[{i}/{n}] {key} ...", markup=False)
         else:
@@ -170,15 +188,7 @@ def verify_command(
     err.print(f"{bundle_path}: tuned on {result.bundle_gpu.name} with helion {bv.helion}, torch {bv.torch}, "
               f"triton {bv.triton}; verified on {result.gpu.name} with helion {hv.helion}, torch {hv.torch}, "
               f"triton {hv.triton}", markup=False)
-    table = Table(title=f"verify {bundle_path}: {len(result.results) - len(result.failed)}/{len(result.results)} ok")
-    for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
-        table.add_column(col, overflow="fold")
-    for r in result.results:
-        table.add_row(*map(Text, (r.key, "ok" if r.ok else "FAILED", "-" if r.tuned_ms is None else f"{r.tuned_ms:.4f}",
-                      "-" if r.default_ms is None else f"{r.default_ms:.4f}",
-                      "-" if r.vs_default is None else f"{r.vs_default:.2f}x", f"{r.recorded_tuned_ms:.4f}",
-                      "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))))
-    out.print(table)
+    out.print(_verify_table(result, str(bundle_path)))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")

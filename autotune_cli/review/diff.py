@@ -284,6 +284,15 @@ def _speedup_cell(e: EntryDiff, which: Literal["vs_default", "vs_baseline"]) -> 
     return f"{a:.2f}x -> {b:.2f}x ({b - a:+.2f})"
 
 
+_FAILURE_CHANGE = {"added": "new failure", "removed": "fixed", "changed": "reason changed"}
+
+
+def _reason(f: FailureDiff) -> str:
+    """The current reason; for a fixed failure, the reason it had."""
+    side = f.new if f.new is not None else f.old
+    return side.reason if side is not None else ""
+
+
 def _config_lines(e: EntryDiff) -> list[str]:
     return [f"{c.field}: {_value(c.old)} -> {_value(c.new)}" for c in e.config]
 
@@ -399,10 +408,7 @@ def to_markdown(diff: Diff, regs: list[Regression] | None = None, pct: float | N
         if b.failures:
             lines += [f"**Failures** ({len(b.failures)})", ""]
             lines += _md_table(["entry", "change", "reason"],
-                               ([_md_code(f.key), {"added": "new failure", "removed": "fixed",
-                                                   "changed": "reason changed"}[f.kind],
-                                 (f.new or f.old).reason if f.new or f.old else ""]  # type: ignore[union-attr]
-                                for f in b.failures))
+                               ([_md_code(f.key), _FAILURE_CHANGE[f.kind], _reason(f)] for f in b.failures))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -450,7 +456,6 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
             for col in ("change", "entry", "reason"):
                 t.add_column(col, overflow="fold")
             for f in b.failures:
-                side = f.new or f.old
-                _add_row(t, f.kind, f.key, side.reason if side else "")
+                _add_row(t, _FAILURE_CHANGE[f.kind], f.key, _reason(f))
             parts.append(t)
     return Group(*parts)

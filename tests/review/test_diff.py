@@ -35,7 +35,8 @@ def old_bundle() -> fx.Bundle:
             fx.entry(BWD, fx.norm_dims(8192), tuned=0.10, default=0.15),  # E: faster
             fx.entry(BWD, fx.norm_dims(4096), tuned=0.10, baseline=0.20),  # F: loses speedup vs baseline
         ],
-        [fx.failure(FWD, fx.norm_dims(2048), reason="worker timed out [searching]")],  # H: fixed
+        [fx.failure(FWD, fx.norm_dims(2048), reason="worker timed out [searching]"),  # H: fixed
+         fx.failure(BWD, fx.norm_dims(1024), reason="worker timed out")],  # J: fails for another reason
     )
 
 
@@ -50,7 +51,8 @@ def new_bundle() -> fx.Bundle:
             fx.entry(BWD, fx.norm_dims(4096), tuned=0.10, baseline=0.15),
             fx.entry(FWD, fx.norm_dims(1024)),  # G: added
         ],
-        [fx.failure(BWD, fx.norm_dims(2048), reason="numerics check failed against the fp32 reference")],  # I
+        [fx.failure(BWD, fx.norm_dims(2048), reason="numerics check failed against the fp32 reference"),  # I
+         fx.failure(BWD, fx.norm_dims(1024), reason="autotune failed: NoConfigFound")],
         versions=fx.VERSIONS.model_copy(update={"triton": "3.7.0"}),
         kernels={FWD: fx.SHA_B, BWD: fx.SHA_A},
         updated="2026-12-01T00:00:00+00:00",
@@ -83,13 +85,14 @@ def test_every_kind_of_change(pair: tuple[Path, Path]) -> None:
     assert f.parts == ("timing", "speedup")
     assert f.vs_baseline_delta == pytest.approx(-0.5)
     assert f.vs_baseline_loss_pct == pytest.approx(25.0)
-    assert {(x.key, x.kind) for x in b.failures} == {(key(FWD, 2048), "removed"), (key(BWD, 2048), "added")}
+    assert {(x.key, x.kind) for x in b.failures} == {
+        (key(FWD, 2048), "removed"), (key(BWD, 2048), "added"), (key(BWD, 1024), "changed")}
     prov = {c.field: (c.old, c.new) for c in b.provenance}
     assert prov == {"versions.triton": ("3.6.0", "3.7.0"), f"kernels.{FWD}.source_sha256": (fx.SHA_A, fx.SHA_B)}
     s = d.summary()
     assert (s["entries_added"], s["entries_removed"], s["entries_changed"], s["entries_unchanged"]) == (1, 1, 4, 1)
     assert (s["configs_changed"], s["faster"], s["slower"]) == (1, 2, 1)
-    assert (s["failures_added"], s["failures_removed"]) == (1, 1)
+    assert (s["failures_added"], s["failures_removed"], s["failures_changed"]) == (1, 1, 1)
 
 
 def test_tuned_at_alone_is_no_change(tmp_path: Path) -> None:
@@ -142,6 +145,9 @@ def test_json_output(pair: tuple[Path, Path]) -> None:
     assert {c["field"] for c in entries[key(FWD, 16384)]["config"]} == {"num_warps", "block_sizes", "pid_type"}
     assert {f["field"] for f in b["provenance"]} == {"versions.triton", f"kernels.{FWD}.source_sha256"}
     assert data["summary"]["entries_unchanged"] == 1
+    fails = {f["key"]: f for f in b["failures"]}
+    assert (fails[key(BWD, 1024)]["old_reason"], fails[key(BWD, 1024)]["new_reason"]) == (
+        "worker timed out", "autotune failed: NoConfigFound")
 
 
 def test_markdown_output(pair: tuple[Path, Path]) -> None:
@@ -152,9 +158,9 @@ def test_markdown_output(pair: tuple[Path, Path]) -> None:
     first = md.splitlines()[0]
     assert first.startswith("**mamba-tune diff**")
     assert "entries +1 -1 ~4" in first and "1 config(s) changed; 2 faster, 1 slower" in first
-    assert "failures +1 -1" in first and "3 regression(s) over 10%" in first
+    assert "failures +1 -1 ~1" in first and "3 regression(s) over 10%" in first
     for section in ("### Regressions (over 10%)", "### `nano.json`", "**Provenance**", "**Added** (1)",
-                    "**Removed** (1)", "**Changed** (4)", "**Failures** (2)"):
+                    "**Removed** (1)", "**Changed** (4)", "**Failures** (3)"):
         assert section in md, section
     assert "`num_warps: 4 -> 8`" in md
     assert "`block_sizes: [32,1] -> [64,1]`" in md
@@ -163,6 +169,7 @@ def test_markdown_output(pair: tuple[Path, Path]) -> None:
     assert "| versions.triton | `3.6.0` | `3.7.0` |" in md
     assert f"`{fx.SHA_A[:12]}` | `{fx.SHA_B[:12]}`" in md
     assert "new failure" in md and "fixed" in md
+    assert "| reason changed | autotune failed: NoConfigFound |" in md
     assert "updated" not in md and "git_sha" not in md
     assert fx.assert_md_tables(md) == 6  # regressions, provenance, added, removed, changed, failures
     assert to_markdown(diff_sets(load_source(str(pair[0])), load_source(str(pair[0])))).count("###") == 0
