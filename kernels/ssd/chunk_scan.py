@@ -55,12 +55,15 @@ def chunk_scan_kernel(
     dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
     out = torch.empty_like(x)
+    # Tunables (>= 16: tensor-core dot sizes): rows and headdim per program, the step
+    # along the chunk's columns and along dstate.
     block_m = hl.register_block_size(16, chunk_size)
+    block_p = hl.register_block_size(16, headdim)
     block_k = hl.register_block_size(16, chunk_size)
     block_n = hl.register_block_size(16, dstate)
     # Heads vary fastest: the programs of one chunk run together and share C, B (or CB) in L2.
     for tile_h, tile_m, tile_p, tile_b in hl.tile(
-        [nheads, seqlen, headdim, batch], block_size=[1, block_m, None, 1]
+        [nheads, seqlen, headdim, batch], block_size=[1, block_m, block_p, 1]
     ):
         b = tile_b.begin
         h = tile_h.begin
@@ -220,18 +223,18 @@ class _StageInputs:
         nc = self.dt_out.shape[2]
         self.prev_states = (torch.randn(b, nc, H, P, N, generator=gen) * 0.5).to(dtype).to(device)
         self.fused = bool(dims["fused_bmm"])
+        # The unfused kernel reads F4's fp32 output.
         self.cb = None if self.fused else bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
-        self.cb_lowp = None if self.fused else bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
 
     def ref(self, lowp: bool) -> dict[str, torch.Tensor]:
         i = self.inp
         if lowp:
-            cb = self.cb_lowp if not self.fused else bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
+            cb = bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
             out = chunk_scan_ref(cb, i.x, self.dt_out, self.dA_cumsum, i.C, self.prev_states, i.D, i.z, i.seq_idx,
                                  upcast=False)
         else:
             u = i.upcast()
-            cb = self.cb if not self.fused else bmm_chunk_ref(u.C, u.B, i.chunk_size, i.seq_idx)
+            cb = bmm_chunk_ref(u.C, u.B, i.chunk_size, i.seq_idx) if self.cb is None else self.cb
             out = chunk_scan_ref(cb, u.x, self.dt_out, self.dA_cumsum, u.C, self.prev_states.float(), u.D, u.z,
                                  i.seq_idx)
         return {"out": out.float()}

@@ -45,10 +45,14 @@ def chunk_state_kernel(
     dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
     states = torch.empty([batch, nchunks, nheads, headdim, dstate], dtype=torch.float32, device=x.device)
+    # Tunables (>= 16: tensor-core dot sizes): the state block per program and the step
+    # along the chunk.
+    block_p = hl.register_block_size(16, headdim)
+    block_n = hl.register_block_size(16, dstate)
     block_k = hl.register_block_size(16, chunk_size)
     # Heads vary fastest: the programs of one chunk run together and share B in L2.
     for tile_h, tile_p, tile_n, tile_l, tile_b in hl.tile(
-        [nheads, headdim, dstate, seqlen, batch], block_size=[1, None, None, chunk_size, 1]
+        [nheads, headdim, dstate, seqlen, batch], block_size=[1, block_p, block_n, chunk_size, 1]
     ):
         b = tile_b.begin
         h = tile_h.begin

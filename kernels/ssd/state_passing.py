@@ -55,8 +55,10 @@ def state_passing_kernel(
         init_flat = initial_states.view(batch, nheads, dim)
     if seq_idx is not None:
         seqlen = seq_idx.size(1)
+    # Tunables: the slice of the state per program, and how many chunks one scan step takes.
+    block_d = hl.register_block_size(16, dim)
     block_c = hl.register_block_size(2, nchunks)
-    for tile_d, tile_h, tile_b in hl.tile([dim, nheads, batch], block_size=[None, 1, 1]):
+    for tile_d, tile_h, tile_b in hl.tile([dim, nheads, batch], block_size=[block_d, 1, 1]):
         b = tile_b.begin
         h = tile_h.begin
         if initial_states is not None:

@@ -1,0 +1,163 @@
+"""SSD forward benchmark: ours (configs from the bundles) vs mamba-ssm, stage by stage and whole, in one process.
+
+Inputs are the call the Mamba-2 mixer makes (`kernels.ssd.common.mixer_dims`): D per head,
+dt_bias, dt_softplus, no z, no seq_idx, no initial states, at the given model shapes.
+Each stage is timed on the same intermediate tensors for both sides (ours from F1), with
+`triton.testing.do_bench` medians (L2 flushed between runs). "total" is the whole public
+call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
+and host work included). Ours is timed with and without F4 fused into F5.
+
+Rows: model, stage, ours_ms, baseline_ms, ratio (= baseline_ms / ours_ms, > 1: ours faster),
+tflops and gbps of ours (useful work over ours_ms), plus shape and config provenance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernels import runtime
+from kernels.registry import DTYPE_NAMES, ModelShape
+from kernels.ssd import bmm, chunk_cumsum, chunk_scan, chunk_state, combined, state_passing
+from kernels.ssd.common import SSDInputs, mamba_ssm_ops, mixer_dims, nchunks_of
+
+
+def _median_ms(fn: Callable[[], Any], rep_ms: int) -> float:
+    import triton.testing
+
+    fn()  # compile / autotune outside the timed region
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=max(rep_ms // 8, 5), rep=rep_ms, return_mode="median"))
+
+
+def _wall_ms(fn: Callable[[], Any], iters: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) * 1e3 / iters)
+    return best
+
+
+def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
+    """(flops, bytes) of each stage: useful tensor-core work, each tensor read or written once."""
+    b, L, H, P = shape.batch, shape.seqlen, shape.nheads, shape.headdim
+    G, N, Q = shape.ngroups, shape.dstate, shape.chunk_size
+    nc = nchunks_of(L, Q)
+    e = torch.finfo(dtype).bits // 8
+    x, bc, per_chunk = b * L * H * P * e, b * L * G * N * e, b * H * nc * Q * 4
+    states32, states_lo = b * nc * H * P * N * 4, b * nc * H * P * N * e
+    cb = b * nc * G * Q * Q * 4
+    f_state, f_cb, f_scan = 2 * b * L * H * P * N, b * L * G * Q * N, 2 * b * L * H * P * N + b * L * H * P * Q
+    return {
+        "chunk_cumsum": (0, b * L * H * e + 2 * per_chunk),
+        "chunk_state": (f_state, x + bc + 2 * per_chunk + states32),
+        "state_passing": (0, states32 + states_lo + per_chunk),
+        "bmm": (f_cb, 2 * bc + cb),
+        "chunk_scan": (f_scan, 2 * x + bc + cb + states_lo + 2 * per_chunk),
+        "chunk_scan_fused_bmm": (f_scan + f_cb, 2 * x + 2 * bc + states_lo + 2 * per_chunk),
+        "total": (f_state + f_cb + f_scan, 2 * x + 2 * bc + b * L * H * e),
+    }
+
+
+def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int) -> list[dict[str, Any]]:
+    i = SSDInputs.make(mixer_dims(shape), dtype, "cuda", 0)
+    Q = i.chunk_size
+    dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
+    states = chunk_state._launch(i.B, i.x, dt_out, dA, None)
+    prev, _final = state_passing._launch(states, dA, None, None, dtype)
+    cb = bmm._launch(i.C, i.B, Q, None)
+    ours: dict[str, Callable[[], Any]] = {
+        "chunk_cumsum": lambda: chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit),
+        "chunk_state": lambda: chunk_state._launch(i.B, i.x, dt_out, dA, None),
+        "state_passing": lambda: state_passing._launch(states, dA, None, None, dtype),
+        "bmm": lambda: bmm._launch(i.C, i.B, Q, None),
+        "chunk_scan": lambda: chunk_scan._launch(i.x, cb, None, i.C, dt_out, dA, prev, i.D, None, None),
+        "chunk_scan_fused_bmm": lambda: chunk_scan._launch(i.x, None, i.B, i.C, dt_out, dA, prev, i.D, None, None),
+        "total": lambda: combined.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
+        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True, **i.kwargs()),
+        "total_bmm_then_scan": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
+                                                            **i.kwargs()),
+    }
+    base: dict[str, Callable[[], Any]] = {}
+    found = mamba_ssm_ops()
+    baseline_name = None
+    if found is not None:
+        mods, baseline_name = found
+        flat = states.view(*states.shape[:3], -1)
+        dA_last = dA[..., -1]
+        cs, sp, bm, sc, cmb = (mods["chunk_state"], mods["state_passing"], mods["bmm"], mods["chunk_scan"],
+                               mods["combined"])
+        base = {
+            "chunk_cumsum": lambda: cs._chunk_cumsum_fwd(i.dt, i.A, Q, dt_bias=i.dt_bias, dt_softplus=True,
+                                                         dt_limit=i.dt_limit),
+            "chunk_state": lambda: cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True),
+            "state_passing": lambda: sp._state_passing_fwd(flat, dA_last, chunk_size=Q, out_dtype=dtype),
+            "bmm": lambda: bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32),
+            "chunk_scan": lambda: sc._chunk_scan_fwd(cb, i.x, dt_out, dA, i.C, prev, D=i.D),
+            "chunk_scan_fused_bmm": lambda: sc._chunk_scan_fwd(
+                bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32), i.x, dt_out, dA, i.C, prev, D=i.D),
+            "total": lambda: cmb.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
+        }
+        base["total_fused_bmm"] = base["total_bmm_then_scan"] = base["total"]
+    work = _work(shape, dtype)
+    sources = runtime.resolutions()
+    shape_text = (f"batch={shape.batch} seqlen={shape.seqlen} nheads={shape.nheads} headdim={shape.headdim} "
+                  f"ngroups={shape.ngroups} dstate={shape.dstate} chunk_size={shape.chunk_size}")
+    rows = []
+    for stage, fn in ours.items():
+        ours_ms = _median_ms(fn, rep_ms)
+        flops, nbytes = work[stage if stage in work else "total"]
+        row: dict[str, Any] = {
+            "family": "ssd", "model": label, "stage": stage, "dtype": DTYPE_NAMES[dtype], "shape": shape_text,
+            "ours_ms": ours_ms, "baseline": baseline_name, "baseline_ms": None, "ratio": None,
+            "tflops": flops / (ours_ms * 1e-3) / 1e12 if flops else None,
+            "gbps": nbytes / (ours_ms * 1e-3) / 1e9,
+        }
+        if stage in base:
+            row["baseline_ms"] = _median_ms(base[stage], rep_ms)
+            row["ratio"] = row["baseline_ms"] / ours_ms
+        rows.append(row)
+    wall = {"ours_ms": _wall_ms(ours["total"]), "baseline_ms": _wall_ms(base["total"]) if "total" in base else None}
+    rows.append({"family": "ssd", "model": label, "stage": "total_wall", "dtype": DTYPE_NAMES[dtype],
+                 "shape": shape_text, **wall, "baseline": baseline_name,
+                 "ratio": None if wall["baseline_ms"] is None else wall["baseline_ms"] / wall["ours_ms"],
+                 "tflops": None, "gbps": None})
+    configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
+    for row in rows:
+        row["configs"] = configs
+    return rows
+
+
+def bench_ssd(model_shapes: list[tuple[str, ModelShape]], dtype: torch.dtype, rep_ms: int = 200) -> list[dict[str, Any]]:
+    """Time every SSD stage and the whole forward, ours vs mamba-ssm, at each (label, shape). CUDA only."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_ssd needs a CUDA GPU")
+    with torch.no_grad():
+        return [row for label, shape in model_shapes for row in _bench_shape(label, shape, dtype, rep_ms)]
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    from autotune_cli.presets import MODEL_PRESETS
+
+    parser = argparse.ArgumentParser(description="SSD forward: ours vs mamba-ssm at the model presets")
+    parser.add_argument("--models", nargs="*", default=list(MODEL_PRESETS), help="preset names")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--rep-ms", type=int, default=200)
+    opts = parser.parse_args()
+    shapes = [(name, ModelShape(batch=opts.batch, seqlen=opts.seqlen, nheads=m.nheads, headdim=m.headdim,
+                                ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size))
+              for name, m in ((n, MODEL_PRESETS[n]) for n in opts.models)]
+    for row in bench_ssd(shapes, torch.bfloat16, opts.rep_ms):
+        print(json.dumps(row), flush=True)

@@ -1,0 +1,86 @@
+"""SSD test set-up: Helion ref mode for the SSD kernels on CPU tensors.
+
+Two things make the kernel bodies run eagerly on CPU, whatever the session's mode:
+
+- `ssd_ref_mode` switches the SSD kernels' own settings to ref mode for one test and back
+  (Helion reads HELION_INTERPRET once, when a kernel is created; tests/conftest.py sets it
+  on machines without CUDA, this fixture makes the SSD tests independent of that).
+- Ref mode gives every `hl.register_block_size` its largest value (one tile per loop), so
+  the multi-tile paths (masks at tile edges, the causal column loop, the scan's carry
+  from one block of chunks to the next) would never run. `ssd_ref_mode` gives each its
+  smallest allowed value instead ("min", the default); `indirect` parametrization with
+  "max" keeps Helion's choice.
+- helion 1.5.0's ref-mode `hl.dot` calls `torch.mm(..., out_dtype=...)`, which has no CPU
+  kernel. For CPU operands we evaluate the dot as an fp32 matmul of the same operands:
+  what a tensor-core dot with fp32 accumulation computes (products of bf16/fp16 numbers
+  are exact in fp32). Other devices keep Helion's own implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import helion.language as hl
+import pytest
+import torch
+from helion.runtime.ref_mode import RefMode
+
+from kernels import runtime
+from kernels.registry import all_kernels
+
+
+def _cpu_capable_dot(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def dot(mat1: torch.Tensor, mat2: torch.Tensor, acc: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if mat1.device.type != "cpu":
+            return original(mat1, mat2, acc, out_dtype)
+        result = torch.matmul(mat1.float(), mat2.float())
+        if acc is not None:
+            return acc + result.to(acc.dtype)
+        return result.to(out_dtype or (torch.float32 if mat1.is_floating_point() else mat1.dtype))
+
+    return dot
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_dot_in_ref_mode() -> Iterator[None]:
+    original = hl.dot._ref_fn
+    hl.dot._ref_fn = _cpu_capable_dot(original)
+    yield
+    hl.dot._ref_fn = original
+
+
+def _ssd_kernels() -> list[Any]:
+    return [tk.kernel for name, tk in all_kernels().items() if tk.family == "ssd"]
+
+
+def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
+    # register_block_size(max) allows 1; register_block_size(min, max) allows min.
+    return 1 if max_or_none is None else min_or_max
+
+
+@pytest.fixture
+def ssd_ref_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the SSD kernels in Helion ref mode for this test (their bodies eagerly, on CPU),
+    with the smallest block sizes ("min", default) or Helion's ref-mode choice ("max")."""
+    blocks = getattr(request, "param", "min")
+    if blocks not in ("min", "max"):
+        raise ValueError(f"ssd_ref_mode: blocks must be 'min' or 'max', got {blocks!r}")
+    kernels = _ssd_kernels()
+    saved = [k.settings.ref_mode for k in kernels]
+    saved_block_ref = hl.register_block_size._ref_fn
+    if blocks == "min":
+        hl.register_block_size._ref_fn = _smallest_block
+    for k in kernels:
+        k.settings.ref_mode = RefMode.EAGER
+        k.reset()
+    runtime.configure()  # drop callables compiled in the other mode
+    try:
+        yield blocks
+    finally:
+        hl.register_block_size._ref_fn = saved_block_ref
+        for k, mode in zip(kernels, saved):
+            k.settings.ref_mode = mode
+            k.reset()
+        runtime.configure()

@@ -1,0 +1,118 @@
+"""Every SSD kernel lowers to Triton for its default config: Helion's real compiler front end, no GPU.
+
+Ref mode accepts kernel bodies that compiled mode rejects (a host tensor inside hl.tile, a
+conditional expression over an optional tensor, ...), so each kernel is also lowered at
+several shapes and option sets: seqlen not a multiple of chunk_size, ngroups 1 and > 1,
+one head, odd sizes, every optional input absent and present, and a real model's sizes.
+
+Lowering needs Helion's compiled mode, which is fixed per process when a kernel is
+created; the session may be in ref mode (tests/conftest.py), so the cases run in two
+worker processes without HELION_INTERPRET (one per CI core), once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+# (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
+SHAPES = {
+    "L100-Q32-G2": (1, 100, 4, 16, 2, 16, 32),  # seqlen % chunk_size != 0
+    "odd-H3-G1-N8": (2, 48, 3, 24, 1, 8, 16),  # odd sizes, dstate < 16
+    "H1-P64-N128": (1, 64, 1, 64, 1, 128, 64),  # one head, exact chunks
+}
+NEMOTRON_NANO = (2, 8192, 64, 64, 8, 128, 128)
+FLAGS = ("has_dt_bias", "dt_softplus", "has_D", "has_z", "has_seq_idx", "has_initial_states")
+STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm", "ssd_chunk_scan")
+
+
+def _dims(shape: tuple[int, ...], flags: int, fused: int) -> dict[str, int]:
+    b, L, H, P, G, N, Q = shape
+    return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
+            **dict.fromkeys(FLAGS, flags), "fused_bmm": fused}
+
+
+def _cases() -> list[tuple[str, str, dict[str, int], str]]:
+    cases = []
+    for stage in STAGES:
+        for fused in ((0, 1) if stage == "ssd_chunk_scan" else (0,)):
+            variant = {0: "", 1: "-fused"}[fused] if stage == "ssd_chunk_scan" else ""
+            # Every optional input absent and present at the first shape, one set at the others.
+            for (shape_id, shape), flags in (*(((k, v), 0) for k, v in list(SHAPES.items())[:1]),
+                                             *(((k, v), 1) for k, v in SHAPES.items())):
+                cases.append((f"{stage}{variant}-{shape_id}-flags{flags}-bf16", stage,
+                              _dims(shape, flags, fused), "bf16"))
+            cases.append((f"{stage}{variant}-L100-Q32-G2-flags1-fp32", stage, _dims(SHAPES["L100-Q32-G2"], 1, fused),
+                          "fp32"))
+            cases.append((f"{stage}{variant}-nemotron3-nano-mixer-bf16", stage,
+                          {**_dims(NEMOTRON_NANO, 0, fused), "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1}, "bf16"))
+    return cases
+
+
+CASES = _cases()
+
+# Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
+_WORKER = r"""
+import json, sys, torch
+from kernels.registry import DTYPES, get
+torch.set_num_threads(1)  # two workers share the CI machine's cores
+for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
+    tk = get(stage)
+    dims = {k: v for k, v in dims.items() if k in tk.dims}
+    if stage == "ssd_state_passing":  # its seqlen is the padded length
+        dims["seqlen"] = -(-dims["seqlen"] // dims["chunk_size"]) * dims["chunk_size"]
+    try:
+        problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
+        bound = tk.kernel.bind(problem.args)
+        code = bound.to_triton_code(bound.config_spec.default_config())
+        result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store"}
+    except Exception as e:  # every compiler error is a finding for this case
+        result = {"id": case_id, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+    print(json.dumps(result), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def lowered(clean_env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    def run(half: list[tuple[str, str, dict[str, int], str]]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(half), capture_output=True,
+                              text=True, env=clean_env, timeout=900)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(run, [CASES[0::2], CASES[1::2]]))
+    results: dict[str, dict[str, Any]] = {}
+    for proc in done:
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                results[r["id"]] = r
+        if proc.returncode != 0:
+            results["__worker__"] = {"ok": False, "error": proc.stderr[-3000:]}
+    return results
+
+
+@pytest.fixture(scope="module")
+def clean_env() -> dict[str, str]:
+    # Module-scoped twin of tests/conftest.py's clean_env (that one is per test).
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env.pop("HELION_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES])
+def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
+    assert "__worker__" not in lowered, lowered.get("__worker__", {}).get("error")
+    assert case_id in lowered, f"{case_id}: the lowering worker printed no result"
+    result = lowered[case_id]
+    assert result["ok"], f"{case_id}: {result['error']}"
