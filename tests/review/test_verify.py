@@ -112,3 +112,26 @@ def test_verify_on_gpu(tmp_path: Path) -> None:
     reasons = {e["key"]: e["reasons"] for e in json.loads((tmp_path / "v.json").read_text())["entries"]}
     assert reasons[broken.key] and not reasons[broken.key][0].startswith("regressed")
     assert any(r.startswith("regressed vs the recorded timing") for r in reasons[fast.key])
+
+
+def test_results_table_and_json() -> None:
+    """The rendering of a verify run (results built by hand: the GPU run is test_verify_on_gpu)."""
+    from rich.console import Console
+
+    from autotune_cli.commands.review import _verify_table
+    from autotune_cli.review.verify import EntryResult, VerifyResult
+
+    good = EntryResult("k|a=1|bf16", True, [], 0.1, 0.15, tuned_ms=0.098, default_ms=0.15)
+    bad = EntryResult("k|a=2|bf16", False, ["does not compile: CompileError: bad [num_warps]"], 0.1, 0.15)
+    res = VerifyResult(gpu=fx.H200, versions=fx.VERSIONS, bundle_gpu=fx.H200, bundle_versions=fx.VERSIONS,
+                       margins=Margins(), started="2026-11-29T00:00:00+00:00", results=[good, bad])
+    con = Console(width=250, record=True)
+    con.print(_verify_table(res, "b.json"))
+    text = con.export_text()
+    assert "verify b.json: 1/2 ok" in text
+    assert "0.0980" in text and "1.53x" in text and "-2.0%" in text
+    assert "bad [num_warps]" in text  # plain text, not rich markup
+    data = res.to_json("b.json")
+    assert data["ok"] is False and data["gpu"]["name"] == "NVIDIA H200" and data["margins"]["noise_pct"] == 3.0
+    assert [e["ok"] for e in data["entries"]] == [True, False]
+    assert data["entries"][0]["vs_recorded_pct"] == pytest.approx(-2.0)
