@@ -89,18 +89,26 @@ def sweep_command(
     cpu_dry_run: DryOpt = False,
     log_dir: LogOpt = Path(".mamba-tune/logs"),
     timeout: TimeoutOpt = None,
+    kernel: Annotated[list[str] | None, typer.Option(
+        help="Only these kernels of the spec (repeatable); the rest stay as they are in the bundle.")] = None,
 ) -> None:
     """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
     try:
         spec = load_spec(spec_path)
     except SpecError as e:
         fail(str(e))
+    combos = plan(spec)
+    if kernel:
+        unknown = sorted(set(kernel) - set(spec.kernels))
+        if unknown:
+            fail(f"--kernel {', '.join(unknown)}: not in the spec's kernels ({', '.join(spec.kernels)})")
+        combos = [c for c in combos if c.kernel in kernel]
     budget = spec.budget
     if cpu_dry_run and budget.effort != "none":
         err.print("cpu dry run: no search (effort none), default configs only")
         budget = budget.model_copy(update={"effort": "none"})
     sweep = Sweep(
-        plan(spec), budget=budget, tolerances=spec.tolerances, target_sku=spec.target.gpu, bundle_name=spec.name,
+        combos, budget=budget, tolerances=spec.tolerances, target_sku=spec.target.gpu, bundle_name=spec.name,
         spec_ref=SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256),
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
