@@ -1,9 +1,12 @@
 """The SSD forward, `mamba_chunk_scan_combined`, from the stage kernels.
 
 Launch order (as mamba-ssm's `_mamba_chunk_scan_combined_fwd`):
-F1 chunk_cumsum -> F2 chunk_state -> F3 state_passing (parallel scan) -> [F4 bmm] -> F5 chunk_scan.
-With `FUSE_BMM_DEFAULT` F5 recomputes C B^T in registers and F4 is not launched (see
-chunk_scan.py); `fuse_bmm=` on `ssd_forward` overrides it, so both paths can be measured.
+F1 chunk_cumsum -> F2 chunk_state -> F3 state_passing (parallel scan) -> F4 bmm -> F5 chunk_scan.
+Two fusions are options of `ssd_forward`, so that each path can be measured:
+- `fuse_state_passing`: F2 + F3 in one kernel walking the chunks in order (no fp32 chunk
+  states in memory; chunk_state_passing.py) instead of F2 then the parallel scan F3.
+- `fuse_bmm`: F5 recomputes C B^T in registers and F4 is not launched (chunk_scan.py).
+The defaults below are what measured fastest (see their comments).
 
 Forward only: the SSD backward is not written yet, so a call that would need it raises.
 """
@@ -12,10 +15,23 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ssd import bmm, chunk_cumsum, chunk_scan, chunk_state, common, state_passing
+from kernels.ssd import (
+    bmm,
+    chunk_cumsum,
+    chunk_scan,
+    chunk_state,
+    chunk_state_passing,
+    common,
+    state_passing,
+)
 
-# F5 with C B^T recomputed in registers (one launch and no fp32 CB in memory) instead of F4 + F5.
-FUSE_BMM_DEFAULT = True
+# F5 with C B^T recomputed in registers instead of F4 + F5. Off: on the H200 at Nemotron-3
+# Nano's sizes the best of a dozen hand-picked configs took 0.376 ms fused against
+# 0.042 + 0.287 ms for F4 + F5 (mamba-ssm: 0.047 + 0.314); re-measure with the benchmark
+# once both are tuned.
+FUSE_BMM_DEFAULT = False
+# F2 + F3 fused (sequential over chunks) instead of F2 then the parallel scan F3.
+FUSE_STATE_PASSING_DEFAULT = False
 
 
 def _check(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
@@ -70,20 +86,28 @@ def ssd_forward(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
     fuse_bmm: bool | None = None,
+    fuse_state_passing: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward pipeline; returns (out, final_states). Shapes as `mamba_chunk_scan_combined`.
 
-    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False); None: FUSE_BMM_DEFAULT.
+    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False).
+    fuse_state_passing: F2 + F3 in one sequential kernel (True) or F2 then the parallel scan.
+    None: FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT.
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
+    fuse_sp = FUSE_STATE_PASSING_DEFAULT if fuse_state_passing is None else fuse_state_passing
     # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
     B, C = B.to(x.dtype), C.to(x.dtype)
     dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    states = chunk_state._launch(B, x, dt_out, dA_cumsum, seq_idx)
     # The states entering each chunk are rounded to the dots' dtype for F5 (as mamba-ssm);
     # the final state stays fp32.
-    prev_states, final_states = state_passing._launch(states, dA_cumsum, initial_states, seq_idx, x.dtype)
+    if fuse_sp:
+        prev_states, final_states = chunk_state_passing._launch(B, x, dt_out, dA_cumsum, initial_states, seq_idx,
+                                                                x.dtype)
+    else:
+        states = chunk_state._launch(B, x, dt_out, dA_cumsum, seq_idx)
+        prev_states, final_states = state_passing._launch(states, dA_cumsum, initial_states, seq_idx, x.dtype)
     cb = None if fuse else bmm._launch(C, B, chunk_size, seq_idx)
     out = chunk_scan._launch(x, cb, B if fuse else None, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
     return out, final_states

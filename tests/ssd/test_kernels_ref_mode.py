@@ -31,6 +31,7 @@ from kernels.ssd import (
     chunk_cumsum_fwd,
     chunk_scan_fwd,
     chunk_state_fwd,
+    chunk_state_passing_fwd,
     mamba_chunk_scan_combined,
     ssd_forward,
     state_passing_fwd,
@@ -45,7 +46,8 @@ SHAPES = [
     pytest.param((1, 64, 1, 16, 1, 16, 16), id="H1-G1-L64-Q16"),  # one head, exact chunks
     pytest.param((2, 37, 6, 20, 3, 24, 16), id="L37-Q16-G3-P20-N24"),  # odd sizes, 3 groups
 ]
-STAGES = ["ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm", "ssd_chunk_scan"]
+STAGES = ["ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_bmm",
+          "ssd_chunk_scan"]
 FLAG_SETS = [
     pytest.param(0, id="flags-off"),
     pytest.param(1, id="flags-on"),
@@ -145,6 +147,9 @@ def test_stage_functions_chain_to_the_reference():
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     fused = chunk_scan_fwd(i.x, dt_out, dA, i.C, prev, B=i.B, D=i.D, seq_idx=i.seq_idx)
     torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-4)
+    prev2, final2 = chunk_state_passing_fwd(i.B, i.x, dt_out, dA, i.initial_states, i.seq_idx)
+    torch.testing.assert_close(prev2, rprev, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final2, rfinal, atol=1e-4, rtol=1e-4)
 
 
 def test_state_passing_writes_the_requested_dtype():
@@ -177,8 +182,10 @@ def _combined_inputs(shape, options, dtype, seed=0) -> SSDInputs:
                           D_per_head=options.get("D_per_head", True))
 
 
-def _check_combined(i: SSDInputs, atol: float, fuse_bmm: bool | None = None) -> None:
-    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm, **i.kwargs())
+def _check_combined(i: SSDInputs, atol: float, fuse_bmm: bool | None = None,
+                    fuse_state_passing: bool | None = None) -> None:
+    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm,
+                             fuse_state_passing=fuse_state_passing, **i.kwargs())
     assert out.shape == i.x.shape and out.dtype == i.x.dtype
     b, _, H, P = i.x.shape
     assert final.shape == (b, H, P, i.B.shape[3]) and final.dtype == torch.float32
@@ -201,15 +208,16 @@ def test_combined_bf16_matches_recurrence(shape, options):
     _check_combined(_combined_inputs(shape, options, torch.bfloat16), atol=1e-2)
 
 
-@pytest.mark.parametrize("dtype,atol,fuse_bmm", [
-    pytest.param(torch.float32, 1e-4, True, id="fp32-fused-bmm"),
-    pytest.param(torch.float16, 2e-3, True, id="fp16-fused-bmm"),
-    pytest.param(torch.bfloat16, 1e-2, False, id="bf16-bmm-then-scan"),
-    pytest.param(torch.float32, 1e-4, False, id="fp32-bmm-then-scan"),
+@pytest.mark.parametrize("dtype,atol,fuse_bmm,fuse_state_passing", [
+    pytest.param(torch.float32, 1e-4, True, False, id="fp32-fused-bmm"),
+    pytest.param(torch.float16, 2e-3, True, True, id="fp16-fused-bmm-fused-state"),
+    pytest.param(torch.bfloat16, 1e-2, False, True, id="bf16-fused-state"),
+    pytest.param(torch.float32, 1e-4, False, False, id="fp32-split"),
 ])
-def test_combined_dtypes_and_paths(dtype, atol, fuse_bmm):
+def test_combined_dtypes_and_paths(dtype, atol, fuse_bmm, fuse_state_passing):
     options = {"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1, "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
-    _check_combined(_combined_inputs((2, 80, 4, 24, 2, 24, 32), options, dtype, seed=5), atol, fuse_bmm)
+    _check_combined(_combined_inputs((2, 80, 4, 24, 2, 24, 32), options, dtype, seed=5), atol, fuse_bmm,
+                    fuse_state_passing)
 
 
 def test_public_function_returns_final_states_on_request():

@@ -28,7 +28,8 @@ SHAPES = {
 }
 NEMOTRON_NANO = (2, 8192, 64, 64, 8, 128, 128)
 FLAGS = ("has_dt_bias", "dt_softplus", "has_D", "has_z", "has_seq_idx", "has_initial_states")
-STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm", "ssd_chunk_scan")
+STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_bmm",
+          "ssd_chunk_scan")
 
 
 def _dims(shape: tuple[int, ...], flags: int, fused: int) -> dict[str, int]:
