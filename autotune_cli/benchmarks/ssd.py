@@ -5,7 +5,8 @@ dt_bias, dt_softplus, no z, no seq_idx, no initial states, at the given model sh
 Each stage is timed on the same intermediate tensors for both sides (ours from F1), with
 `triton.testing.do_bench` medians (L2 flushed between runs). "total" is the whole public
 call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
-and host work included). Ours is timed with and without F4 fused into F5.
+and host work included). Ours is also timed with each fusion switched on (F2 + F3 in one
+sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion replaces.
 
 Rows: model, stage, ours_ms, baseline_ms, ratio (= baseline_ms / ours_ms, > 1: ours faster),
 tflops and gbps of ours (useful work over ours_ms), plus shape and config provenance.
@@ -21,7 +22,15 @@ import torch
 
 from kernels import runtime
 from kernels.registry import DTYPE_NAMES, ModelShape
-from kernels.ssd import bmm, chunk_cumsum, chunk_scan, chunk_state, combined, state_passing
+from kernels.ssd import (
+    bmm,
+    chunk_cumsum,
+    chunk_scan,
+    chunk_state,
+    chunk_state_passing,
+    combined,
+    state_passing,
+)
 from kernels.ssd.common import SSDInputs, mamba_ssm_ops, mixer_dims, nchunks_of
 
 
@@ -60,6 +69,7 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
         "chunk_cumsum": (0, b * L * H * e + 2 * per_chunk),
         "chunk_state": (f_state, x + bc + 2 * per_chunk + states32),
         "state_passing": (0, states32 + states_lo + per_chunk),
+        "chunk_state_passing": (f_state, x + bc + 2 * per_chunk + states_lo),
         "bmm": (f_cb, 2 * bc + cb),
         "chunk_scan": (f_scan, 2 * x + bc + cb + states_lo + 2 * per_chunk),
         "chunk_scan_fused_bmm": (f_scan + f_cb, 2 * x + 2 * bc + states_lo + 2 * per_chunk),
@@ -78,13 +88,17 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
         "chunk_cumsum": lambda: chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit),
         "chunk_state": lambda: chunk_state._launch(i.B, i.x, dt_out, dA, None),
         "state_passing": lambda: state_passing._launch(states, dA, None, None, dtype),
+        "chunk_state_passing": lambda: chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype),
         "bmm": lambda: bmm._launch(i.C, i.B, Q, None),
         "chunk_scan": lambda: chunk_scan._launch(i.x, cb, None, i.C, dt_out, dA, prev, i.D, None, None),
         "chunk_scan_fused_bmm": lambda: chunk_scan._launch(i.x, None, i.B, i.C, dt_out, dA, prev, i.D, None, None),
         "total": lambda: combined.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
-        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True, **i.kwargs()),
-        "total_bmm_then_scan": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
-                                                            **i.kwargs()),
+        "total_split": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
+                                                    fuse_state_passing=False, **i.kwargs()),
+        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True,
+                                                        fuse_state_passing=False, **i.kwargs()),
+        "total_fused_state_passing": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
+                                                                  fuse_state_passing=True, **i.kwargs()),
     }
     base: dict[str, Callable[[], Any]] = {}
     found = mamba_ssm_ops()
@@ -100,13 +114,17 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
                                                          dt_limit=i.dt_limit),
             "chunk_state": lambda: cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True),
             "state_passing": lambda: sp._state_passing_fwd(flat, dA_last, chunk_size=Q, out_dtype=dtype),
+            "chunk_state_passing": lambda: sp._state_passing_fwd(
+                cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True).view(flat.shape), dA_last,
+                chunk_size=Q, out_dtype=dtype),
             "bmm": lambda: bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32),
             "chunk_scan": lambda: sc._chunk_scan_fwd(cb, i.x, dt_out, dA, i.C, prev, D=i.D),
             "chunk_scan_fused_bmm": lambda: sc._chunk_scan_fwd(
                 bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32), i.x, dt_out, dA, i.C, prev, D=i.D),
             "total": lambda: cmb.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
         }
-        base["total_fused_bmm"] = base["total_bmm_then_scan"] = base["total"]
+        for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
+            base[name] = base["total"]
     work = _work(shape, dtype)
     sources = runtime.resolutions()
     shape_text = (f"batch={shape.batch} seqlen={shape.seqlen} nheads={shape.nheads} headdim={shape.headdim} "

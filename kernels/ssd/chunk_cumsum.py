@@ -7,8 +7,9 @@ sits at its sequence position: later stages index them with the same tile as x.
 Positions past seqlen get dt~ = 0, so dA_cumsum is flat there and its last entry is the
 chunk's total decay (what F2 and F3 read).
 
-The cumsum runs in fp32 inside one chunk-sized tile (a chunk is one block, never split),
-so it is the same sequential-order-free tree sum on every config.
+The cumsum runs in fp32 over one chunk-sized tile (a chunk is one block, never split by
+a config), so every config computes it the same way; only block_h (heads per program)
+is tuned.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ over the positions l of chunk c (with seq_idx: those in the chunk's last sequenc
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
 tuning record. One program owns one (batch, chunk, head, headdim block, dstate block)
 and walks the chunk in block_k steps: B is scaled in fp32, rounded to x's dtype and fed
-with x to a tensor-core dot that accumulates in fp32 (mamba-ssm's rounding points, so
-the two agree to the last bit up to summation order). States stay fp32: they are summed
-over up to thousands of chunks by F3.
+with x to a tensor-core dot that accumulates in fp32 (mamba-ssm's rounding points: the
+two differ only by summation order). States stay fp32: F3 sums them over up to
+thousands of chunks.
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ from kernels.ssd import (
 # 0.042 + 0.287 ms for F4 + F5 (mamba-ssm: 0.047 + 0.314); re-measure with the benchmark
 # once both are tuned.
 FUSE_BMM_DEFAULT = False
-# F2 + F3 fused (sequential over chunks) instead of F2 then the parallel scan F3.
+# F2 + F3 fused (sequential over chunks) instead of F2 then the parallel scan F3. Off until
+# measured: it saves the fp32 chunk states' round trip (268 MB each way at Nemotron-3 Nano's
+# sizes, ~0.14 ms at the copy bandwidth) but runs fewer, longer programs; the split path's
+# best hand-picked configs took 0.146 (F2) + 0.105 (F3) ms there.
 FUSE_STATE_PASSING_DEFAULT = False
 
 

@@ -123,3 +123,14 @@ def test_matches_mamba_ssm(model, options):
     ref_out, ref_final = ssd_chunked_ref(u.x, u.dt, u.A, u.B, u.C, i.chunk_size, **u.kwargs())
     _assert_bounded("out vs mamba-ssm", ours, ref_out, theirs, ATOL[torch.bfloat16])
     _assert_bounded("final_states vs mamba-ssm", ours_final, ref_final, theirs_final, 1e-3)
+
+
+def test_benchmark_runs_and_reports_every_stage():
+    from autotune_cli.benchmarks.ssd import bench_ssd
+
+    shape = ModelShape(batch=1, seqlen=1024, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=128)
+    rows = bench_ssd([("small", shape)], torch.bfloat16, rep_ms=5)
+    stages = {r["stage"] for r in rows}
+    assert {"chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "chunk_scan",
+            "total", "total_wall"} <= stages
+    assert all(r["ours_ms"] > 0 for r in rows)
