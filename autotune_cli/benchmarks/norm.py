@@ -14,8 +14,8 @@ import torch
 
 from autotune_cli.benchmarks.common import kernel_ms, wall_ms
 from kernels import runtime
-from kernels.norm import gated
 from kernels.bundle import entry_key
+from kernels.norm import gated
 from kernels.registry import DTYPE_NAMES, ModelShape
 
 
