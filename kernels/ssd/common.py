@@ -200,16 +200,6 @@ def packed_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tenso
     return torch.stack(rows)
 
 
-def ssd_flops(dims: dict[str, int]) -> int:
-    """Useful flops of the SSD forward (tensor-core work only, causal half of the chunk-local term)."""
-    b, L, H, P = dims["batch"], dims["seqlen"], dims["nheads"], dims["headdim"]
-    G, N, Q = dims["ngroups"], dims["dstate"], dims["chunk_size"]
-    chunk_state = 2 * b * L * H * P * N
-    bmm = 2 * b * L * G * Q * N // 2
-    scan = 2 * b * L * H * P * N + 2 * b * L * H * P * Q // 2
-    return chunk_state + bmm + scan
-
-
 def mamba_ssm_ops() -> tuple[dict[str, ModuleType], str] | None:
     """mamba-ssm's Triton SSD modules and a version string, or None when not importable."""
     try:
