@@ -23,6 +23,22 @@ def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str,
     return bound.to_triton_code(cfg)
 
 
+# Config keys that Helion only accepts when the local device is a CUDA GPU of the right
+# capability (ConfigSpec.supports_config_key); a CPU box cannot lower them as given.
+DEVICE_ONLY_KEYS = ("host_tensor_descriptors",)
+
+
+def cpu_loweable(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The config without device-only keys, and a note for each one that was set (truthy).
+
+    A key at its off value changes nothing in the generated code, so dropping it checks
+    the same program; a key that is on cannot be checked here and is reported.
+    """
+    kept = {k: v for k, v in config.items() if k not in DEVICE_ONLY_KEYS}
+    notes = [f"{k}={config[k]!r} not checkable without the GPU" for k in DEVICE_ONLY_KEYS if config.get(k)]
+    return kept, notes
+
+
 def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
     """(key, error) for every entry whose config no longer lowers; empty when all do."""
     kernels = all_kernels()
@@ -32,10 +48,12 @@ def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
         if tk is None:
             problems.append((key, f"unknown kernel {entry.kernel!r}"))
             continue
+        config, _notes = cpu_loweable(entry.config)
         try:
-            lower(tk, entry.dims, entry.dtype, entry.config)
+            lower(tk, entry.dims, entry.dtype, config)
         except Exception as e:  # any compiler error is a finding, reported per entry
-            problems.append((key, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            problems.append((key, f"{type(e).__name__}: {first}"))
     return problems
 
 

@@ -1,0 +1,66 @@
+"""Configs must lower with the current code: Helion's real compiler front end on the CPU.
+
+Ref mode accepts kernels that compiled mode rejects, so these run in subprocesses without
+HELION_INTERPRET: every kernel's default config at odd and real shapes, every config in
+the committed bundles, and every option variant of the gated norm.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kernels.bundle import find_bundles, load_bundle
+from kernels.runtime import default_bundle_paths
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_configs_and_committed_bundles_lower(clean_env):
+    r = subprocess.run([sys.executable, "-m", "autotune_cli.lowering"], env=clean_env, capture_output=True,
+                       text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "FAIL" not in r.stdout
+    for path in find_bundles(default_bundle_paths()):
+        n = len(load_bundle(path).entries)
+        assert f"{path}: {n}/{n} configs lower" in r.stdout
+
+
+NORM_VARIANTS = """
+import itertools, torch
+from autotune_cli.lowering import lower
+from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
+for tk in (GATED_NORM_FWD, GATED_NORM_BWD):
+    for z, nbg, bias, rms, w32 in itertools.product([1, 0], [1, 0], [1, 0], [1, 0], [1, 0]):
+        dims = dict(rows=37, d=96, group_size=32, has_z=z, norm_before_gate=nbg, has_bias=bias, is_rms=rms,
+                    weight_fp32=w32)
+        code = lower(tk, dims, "bf16", None)
+        assert "@triton.jit" in code, (tk.name, dims)
+print("all variants lower")
+"""
+
+
+def test_every_norm_variant_lowers(clean_env):
+    r = subprocess.run([sys.executable, "-c", NORM_VARIANTS], env=clean_env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "all variants lower" in r.stdout, (r.stdout + r.stderr)[-4000:]
+
+
+def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
+    import json
+
+    src = next(iter(find_bundles(default_bundle_paths())), None)
+    if src is None:
+        pytest.skip("no committed bundle")
+    data = json.loads(src.read_text())
+    key = sorted(data["entries"])[0]
+    data["entries"] = {key: data["entries"][key]}
+    data["entries"][key]["config"]["block_sizes"] = [7] + data["entries"][key]["config"]["block_sizes"][1:]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, "-m", "autotune_cli", "validate", "--lower", str(bad)], env=clean_env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "config does not lower" in r.stderr and "power of two" in r.stderr
