@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -75,7 +76,13 @@ def cuda_device_count() -> int:
 
 
 def git_sha() -> str | None:
-    """HEAD of the project checkout, with '-dirty' when kernels/ has uncommitted changes."""
+    """HEAD of the project checkout, with '-dirty' when kernels/ has uncommitted changes.
+
+    A copy of the tree without its .git folder (a lent GPU machine) can name the commit
+    in MAMBA_TUNE_GIT_SHA.
+    """
+    if os.environ.get("MAMBA_TUNE_GIT_SHA"):
+        return os.environ["MAMBA_TUNE_GIT_SHA"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()

@@ -10,15 +10,14 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, out
-from autotune_cli.commands.common import fail as _fail
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
 from autotune_cli.review.sources import SourceError, load_source
 from autotune_cli.spec import SpecError, load_spec
 from kernels.bundle import BundleError, Entry, load_bundle
@@ -35,11 +34,6 @@ class OutputFormat(str, enum.Enum):
 
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), markdown (a PR comment) "
                                                                         "or json (machines).")]
-
-
-def fail(message: str) -> NoReturn:
-    # common.fail prints with rich markup on: escape, or "[report]" in a message vanishes.
-    _fail(escape(message))
 
 
 def _print_raw(text: str) -> None:
