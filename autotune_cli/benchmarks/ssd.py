@@ -14,12 +14,12 @@ tflops and gbps of ours (useful work over ours_ms), plus shape and config proven
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from autotune_cli.benchmarks.common import wall_ms
 from kernels import runtime
 from kernels.registry import DTYPE_NAMES, ModelShape
 from kernels.ssd import (
@@ -40,19 +40,6 @@ def _median_ms(fn: Callable[[], Any], rep_ms: int) -> float:
     fn()  # compile / autotune outside the timed region
     torch.cuda.synchronize()
     return float(triton.testing.do_bench(fn, warmup=max(rep_ms // 8, 5), rep=rep_ms, return_mode="median"))
-
-
-def _wall_ms(fn: Callable[[], Any], iters: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) * 1e3 / iters)
-    return best
 
 
 def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
@@ -143,7 +130,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
             row["baseline_ms"] = _median_ms(base[stage], rep_ms)
             row["ratio"] = row["baseline_ms"] / ours_ms
         rows.append(row)
-    wall = {"ours_ms": _wall_ms(ours["total"]), "baseline_ms": _wall_ms(base["total"]) if "total" in base else None}
+    wall = {"ours_ms": wall_ms(ours["total"], 50), "baseline_ms": wall_ms(base["total"], 50) if "total" in base else None}
     rows.append({"family": "ssd", "model": label, "stage": "total_wall", "dtype": DTYPE_NAMES[dtype],
                  "shape": shape_text, **wall, "baseline": baseline_name,
                  "ratio": None if wall["baseline_ms"] is None else wall["baseline_ms"] / wall["ours_ms"],
