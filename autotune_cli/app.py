@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from autotune_cli.commands import bench, bundles, plan, sweep
+from autotune_cli.commands import bench, bundles, plan, review, sweep
 
 app = typer.Typer(
     name="mamba-tune",
@@ -18,16 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for group in (plan, sweep, bundles, bench):
+for group in (plan, sweep, bundles, review, bench):
     group.register(app)
-
-try:  # review commands (diff, check, verify, report)
-    from autotune_cli.commands import review
-except ImportError as _e:  # pragma: no cover - until the review group lands
-    if "review" not in str(_e):
-        raise
-else:
-    review.register(app)
 
 
 def main() -> None:

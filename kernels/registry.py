@@ -46,13 +46,10 @@ class Problem:
     # Bytes moved through device memory (each input read once, each output written once).
     bytes_moved: int
     flops: int = 0
-    # How to run the whole operation given the compiled kernel (kernel plus any host
-    # epilogue, e.g. summing partials); the result is what `outputs` reads. Default:
-    # the kernel alone on `args`.
-    call: Callable[[Callable[..., Any]], Any] | None = None
 
     def run(self, fn: Callable[..., Any]) -> Any:
-        return fn(*self.args) if self.call is None else self.call(fn)
+        """Run a compiled (or ref-mode) kernel on this problem; `outputs` reads the result."""
+        return fn(*self.args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +101,7 @@ def register(tk: TunableKernel) -> TunableKernel:
 def _load_all() -> None:
     # Importing the kernel modules registers their kernels.
     import kernels.norm.gated  # noqa: F401
-
-    try:
-        import kernels.ssd  # noqa: F401
-    except ImportError as e:  # the SSD family is optional until it lands
-        if "kernels.ssd" not in str(e):
-            raise
+    import kernels.ssd  # noqa: F401
 
 
 def all_kernels() -> dict[str, TunableKernel]:
