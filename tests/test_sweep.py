@@ -46,7 +46,7 @@ def test_resume_after_kill(tmp_path):
     bundle_path = out / "cpu" / "tiny.json"
     proc = subprocess.Popen(sweep_cmd(out, spec=spec), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    deadline = time.time() + 240
+    deadline = time.time() + 400
     while time.time() < deadline:
         if bundle_path.exists() and load_bundle(bundle_path).entries:
             break
