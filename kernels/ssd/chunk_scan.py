@@ -115,21 +115,8 @@ def chunk_scan_kernel(
 def _check(x: torch.Tensor, cb: torch.Tensor | None, B: torch.Tensor | None, C: torch.Tensor,
            dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, D: torch.Tensor | None,
            z: torch.Tensor | None, seq_idx: torch.Tensor | None) -> None:
-    if x.dim() != 4:
-        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
-    batch, seqlen, nheads, headdim = x.shape
-    if C.dim() != 4:
-        raise ValueError(f"ssd: C must be (batch, seqlen, ngroups, dstate), got shape {tuple(C.shape)}")
-    ngroups, dstate = C.shape[2], C.shape[3]
-    common.check_groups(nheads, ngroups)
-    common.check_shape("C", C, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
-    if dt.dim() != 4:
-        raise ValueError(f"ssd: dt must be (batch, nheads, nchunks, chunk_size), got shape {tuple(dt.shape)}")
-    chunk_size = dt.shape[3]
-    common.check_chunk_size(chunk_size)
-    nchunks = common.nchunks_of(seqlen, chunk_size)
-    common.check_shape("dt", dt, (batch, nheads, nchunks, chunk_size), "batch, nheads, nchunks, chunk_size")
-    common.check_shape("dA_cumsum", dA_cumsum, tuple(dt.shape), "batch, nheads, nchunks, chunk_size")
+    batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks = common.check_chunk_inputs(
+        x, "C", C, dt, dA_cumsum)
     common.check_shape("prev_states", prev_states, (batch, nchunks, nheads, headdim, dstate),
                        "batch, nchunks, nheads, headdim, dstate")
     if cb is None and B is None:

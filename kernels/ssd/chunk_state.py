@@ -77,21 +77,8 @@ def chunk_state_kernel(
 
 def _check(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
            seq_idx: torch.Tensor | None) -> None:
-    if x.dim() != 4:
-        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
-    batch, seqlen, nheads, headdim = x.shape
-    if B.dim() != 4:
-        raise ValueError(f"ssd: B must be (batch, seqlen, ngroups, dstate), got shape {tuple(B.shape)}")
-    ngroups, dstate = B.shape[2], B.shape[3]
-    common.check_groups(nheads, ngroups)
-    common.check_shape("B", B, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
-    if dt.dim() != 4:
-        raise ValueError(f"ssd: dt must be (batch, nheads, nchunks, chunk_size), got shape {tuple(dt.shape)}")
-    chunk_size = dt.shape[3]
-    common.check_chunk_size(chunk_size)
-    nchunks = common.nchunks_of(seqlen, chunk_size)
-    common.check_shape("dt", dt, (batch, nheads, nchunks, chunk_size), "batch, nheads, nchunks, chunk_size")
-    common.check_shape("dA_cumsum", dA_cumsum, tuple(dt.shape), "batch, nheads, nchunks, chunk_size")
+    batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks = common.check_chunk_inputs(
+        x, "B", B, dt, dA_cumsum)
     for name, t in (("x", x), ("B", B)):
         common.check_float(name, t)
     for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)):

@@ -73,6 +73,30 @@ def check_groups(nheads: int, ngroups: int) -> None:
         raise ValueError(f"ssd: ngroups={ngroups} does not divide nheads={nheads}")
 
 
+def check_chunk_inputs(x: torch.Tensor, bc_name: str, bc: torch.Tensor, dt: torch.Tensor,
+                       dA_cumsum: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int]:
+    """Check x, B or C, and the chunked dt / dA_cumsum that F2 and F5 share.
+
+    Returns (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+    batch, seqlen, nheads, headdim = x.shape
+    if bc.dim() != 4:
+        raise ValueError(f"ssd: {bc_name} must be (batch, seqlen, ngroups, dstate), got shape {tuple(bc.shape)}")
+    ngroups, dstate = bc.shape[2], bc.shape[3]
+    check_groups(nheads, ngroups)
+    check_shape(bc_name, bc, (batch, seqlen, ngroups, dstate), "batch, seqlen, ngroups, dstate")
+    if dt.dim() != 4:
+        raise ValueError(f"ssd: dt must be (batch, nheads, nchunks, chunk_size), got shape {tuple(dt.shape)}")
+    chunk_size = dt.shape[3]
+    check_chunk_size(chunk_size)
+    nchunks = nchunks_of(seqlen, chunk_size)
+    check_shape("dt", dt, (batch, nheads, nchunks, chunk_size), "batch, nheads, nchunks, chunk_size")
+    check_shape("dA_cumsum", dA_cumsum, tuple(dt.shape), "batch, nheads, nchunks, chunk_size")
+    return batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks
+
+
 def check_no_grad(where: str, **tensors: torch.Tensor | None) -> None:
     needs = [name for name, t in tensors.items() if t is not None and t.requires_grad]
     if needs and torch.is_grad_enabled():
