@@ -66,13 +66,52 @@ LOWERING_SHAPES = [
 ]
 
 
+def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str]:
+    """Problems with the kernel's search seeds at `dims`: a seed Helion would drop or change
+    (it skips seeds that do not fit the config space, with only a log line) or that fails
+    to lower. Empty when every seed reaches the search as written."""
+    import helion
+
+    from autotune_cli.tuner import seed_configs
+
+    problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
+    bound = tk.kernel.bind(problem.args)
+    gen = bound.config_spec.create_config_generation(overrides=None, advanced_controls_files=None,
+                                                     process_group_name=None)
+    problems = []
+    for seed in seed_configs(tk, dims, None):
+        logs: list[str] = []
+        pairs = gen.user_seed_flat_config_pairs([seed], logs.append)
+        if not pairs:
+            problems.append(f"seed {dict(seed)} rejected: {'; '.join(logs) or 'no reason given'}")
+            continue
+        normalized = pairs[0][1]
+        changed = [k for k in seed if normalized.get(k) != seed[k]]
+        if changed:
+            problems.append(f"seed {dict(seed)} changed by Helion in {changed}")
+            continue
+        try:
+            bound.to_triton_code(helion.Config.from_dict(dict(normalized)))
+        except Exception as e:  # a compiler error is the finding
+            problems.append(f"seed {dict(seed)} does not lower: {type(e).__name__}: {e}")
+    return problems
+
+
 def main() -> int:
-    """Lower every kernel's default config at LOWERING_SHAPES and every committed bundle config."""
+    """Lower every kernel's default config at LOWERING_SHAPES, every search seed at the real
+    model shape, and every committed bundle config."""
     from kernels.bundle import BundleError, find_bundles, load_bundle
     from kernels.runtime import default_bundle_paths
 
     failures = 0
     for tk in all_kernels().values():
+        dims = tk.dims_for(LOWERING_SHAPES[-1])
+        if tk.seed_configs is not None and dims is not None:
+            bad_seeds = check_seeds(tk, dims, "bf16")
+            failures += len(bad_seeds)
+            for why in bad_seeds:
+                print(f"FAIL {tk.name} {dims}: {why}")
+            print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds")
         for shape in LOWERING_SHAPES:
             dims = tk.dims_for(shape)
             if dims is None:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 from rich.console import Console
@@ -236,10 +237,11 @@ class Sweep:
         search = float(self.budget.seconds_per_combo or EFFORT_SECONDS[self.budget.effort])
         return 2 * search + 600
 
-    def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path) -> _Running:
+    def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
+               warm_start: dict[str, Any] | None = None) -> _Running:
         workdir = tmp / f"combo-{index:04d}"
         workdir.mkdir()
-        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype,
+        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
                "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
         (workdir / "job.json").write_text(json.dumps(job))
         child_env = dict(os.environ)
@@ -360,7 +362,9 @@ class Sweep:
                     while queue and free:
                         i, combo = queue.pop(0)
                         slot = free.pop(0)
-                        running.append(self._start(combo, i, slot, tmp, log_dir))
+                        # A re-tuned key starts its search from the config it has now.
+                        warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
+                        running.append(self._start(combo, i, slot, tmp, log_dir, warm))
                     time.sleep(0.5)
                     now = time.monotonic()
                     for run in list(running):

@@ -131,11 +131,23 @@ class _Heartbeat:
                 pass
 
 
-def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat) -> tuple[Any, int | None]:
+def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: dict[str, Any] | None) -> list[Any]:
+    """The search's hand-picked starting points: the config already in the bundle for this
+    key (a re-tune starts from what it has), then the kernel's own seeds for these dims."""
+    import helion
+
+    raw = ([warm_start] if warm_start else []) + (tk.seed_configs(dims) if tk.seed_configs else [])
+    return [helion.Config.from_dict(c) for c in raw]
+
+
+def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat,
+            seeds: list[Any]) -> tuple[Any, int | None]:
     from helion.autotuner import search_algorithms
     from helion.autotuner.effort_profile import get_effort_profile
 
     settings = bound.settings
+    # Seeds join the first generation (Helion skips, with a log line, any that do not fit).
+    settings.autotune_seed_configs = seeds or None
     settings.autotune_random_seed = budget.seed
     settings.autotune_effort = budget.effort
     settings.autotune_budget_seconds = budget.seconds_per_combo
@@ -178,6 +190,7 @@ def tune(
     tol: Tolerance,
     *,
     status_path: str | None = None,
+    warm_start: dict[str, Any] | None = None,
 ) -> Outcome:
     tk = get(kernel_name)
     dtype = DTYPES[dtype_name]
@@ -198,11 +211,12 @@ def tune(
         t0 = time.perf_counter()
         if interpret or budget.effort == "none":
             # No search: ref mode has no compiled code to time; effort none means "default".
-            best, tried = default, 1
+            best, tried, seeds = default, 1, []
         else:
             hb.phase = "searching"
             try:
-                best, tried = _search(tk, bound, problem, budget, hb)
+                seeds = seed_configs(tk, dims, warm_start)
+                best, tried = _search(tk, bound, problem, budget, hb, seeds)
             except Exception as e:  # a search that finds nothing usable
                 return failure(f"autotune failed: {type(e).__name__}: {e}")
         seconds = time.perf_counter() - t0
@@ -249,7 +263,7 @@ def tune(
                         vs_baseline=None if baseline_ms is None else baseline_ms / t_best),
         search=Search(algorithm="none" if (interpret or budget.effort == "none") else budget.algorithm,
                       effort="none" if interpret else budget.effort, configs_tried=tried, seconds=round(seconds, 2),
-                      seed=budget.seed, budget_seconds=budget.seconds_per_combo,
+                      seed=budget.seed, seed_configs=len(seeds), budget_seconds=budget.seconds_per_combo,
                       max_generations=budget.max_generations),
         accuracy=acc,
         tuned_at=now(),

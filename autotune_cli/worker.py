@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
 
     try:
         outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
-                       Tolerance.model_validate(job["tolerance"]), status_path=status_path)
+                       Tolerance.model_validate(job["tolerance"]), status_path=status_path,
+                       warm_start=job.get("warm_start"))
         result = {
             "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),
             "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),

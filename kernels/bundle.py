@@ -101,6 +101,7 @@ class Search(_Model):
     configs_tried: int | None = None
     seconds: float
     seed: int
+    seed_configs: int = Field(0, description="hand-picked starting configs given to the search")
     budget_seconds: int | None = None
     max_generations: int | None = None
 

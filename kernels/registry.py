@@ -75,6 +75,10 @@ class TunableKernel:
     # Baseline (mamba-ssm) for the same problem, or None when it is not importable.
     make_baseline: Callable[[dict[str, int], torch.dtype, torch.device, int], Baseline | None] | None = None
     description: str = ""
+    # Hand-written starting points for the search at these dims (Helion config dicts, which
+    # may leave keys out): what a person would try first. They join the search's first
+    # generation; the search still covers the whole space and keeps only what it measures.
+    seed_configs: Callable[[dict[str, int]], list[dict[str, Any]]] | None = None
 
     def source_sha256(self) -> str:
         return kernel_source_sha256(self.kernel)

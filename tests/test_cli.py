@@ -105,3 +105,10 @@ def test_validate_rejects_unknown_kernel_and_bad_json(tmp_path):
     assert r.exit_code == 2 and "not valid JSON" in r.stderr
     r = run("show", str(tmp_path / "missing.json"))
     assert r.exit_code == 2
+
+
+def test_sweep_origin_that_matches_nothing_is_an_input_error(tmp_path):
+    r = run("sweep", str(ROOT / "tests/data/tiny.yaml"), "-o", str(tmp_path / "out"), "--origin", "tp=8")
+    assert r.exit_code == 2
+    assert "--origin tp=8: no combo of" in r.output and "mamba-tune plan" in r.output
+    assert not (tmp_path / "out").exists()

@@ -64,3 +64,29 @@ def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "config does not lower" in r.stderr and "power of two" in r.stderr
+
+
+BAD_SEEDS = """
+import dataclasses
+from autotune_cli.lowering import check_seeds
+from kernels.norm.gated import GATED_NORM_BWD
+dims = dict(rows=256, d=96, group_size=32, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
+assert check_seeds(GATED_NORM_BWD, dims, "bf16") == [], check_seeds(GATED_NORM_BWD, dims, "bf16")
+bad = dataclasses.replace(GATED_NORM_BWD, seed_configs=lambda d: [
+    {"block_sizes": [7, 1, 4]},                    # not a power of two: Helion drops it
+    {"block_sizes": [16, 1, 4], "num_warps": 4},   # fine
+    {"block_sizes": [16, 1, 4], "indexing": "bogus"},  # not a choice: normalized away
+])
+for line in check_seeds(bad, dims, "bf16"):
+    print("PROBLEM", line)
+"""
+
+
+def test_check_seeds_reports_seeds_helion_would_drop(clean_env):
+    r = subprocess.run([sys.executable, "-c", BAD_SEEDS], env=clean_env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    problems = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBLEM")]
+    assert len(problems) == 2, r.stdout
+    assert "[7, 1, 4]" in problems[0] and "rejected" in problems[0]
+    assert "changed by Helion in ['indexing']" in problems[1]

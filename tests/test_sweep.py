@@ -107,3 +107,14 @@ def test_worker_failure_is_recorded_and_exits_1(tmp_path):
     assert len(b["failures"]) == 4 and not b["entries"]
     assert all("timed out" in f["reason"] for f in b["failures"].values())
     assert "4 combo(s) failed" in r.stderr
+
+
+def test_origin_filter_tunes_only_that_shape(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(sweep_cmd(out, "--origin", "tp=2 batch=1 seqlen=40"), env=env(), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    entries = load_bundle(out / "cpu" / "tiny.json").entries
+    # TP 2 of the tiny model: 2 heads x 16 = d 32, one group; batch 1 x seqlen 40 = 40 rows.
+    assert sorted(e.kernel for e in entries.values()) == ["gated_norm_bwd", "gated_norm_fwd"]
+    assert {(e.dims["rows"], e.dims["d"]) for e in entries.values()} == {(40, 32)}

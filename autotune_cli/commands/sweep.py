@@ -91,6 +91,9 @@ def sweep_command(
     timeout: TimeoutOpt = None,
     kernel: Annotated[list[str] | None, typer.Option(
         help="Only these kernels of the spec (repeatable); the rest stay as they are in the bundle.")] = None,
+    origin: Annotated[list[str] | None, typer.Option(
+        help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
+             "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
 ) -> None:
     """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
     try:
@@ -103,6 +106,10 @@ def sweep_command(
         if unknown:
             fail(f"--kernel {', '.join(unknown)}: not in the spec's kernels ({', '.join(spec.kernels)})")
         combos = [c for c in combos if c.kernel in kernel]
+    if origin:
+        combos = [c for c in combos if any(o in text for o in origin for text in c.origins)]
+        if not combos:
+            fail(f"--origin {' | '.join(origin)}: no combo of {spec_path} comes from it (see `mamba-tune plan`)")
     budget = spec.budget
     if cpu_dry_run and budget.effort != "none":
         err.print("cpu dry run: no search (effort none), default configs only")

@@ -431,6 +431,20 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
     )
 
 
+def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # block_sizes = [rows per tile, groups per tile]: a few rows of one group per program
+    # keeps the whole group in registers (the H200 winners so far were 2-4 rows, 2 warps).
+    return [{"block_sizes": [m, 1], "num_warps": w} for m, w in ((1, 1), (2, 2), (4, 2), (4, 4), (8, 4))]
+
+
+def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # block_sizes = [rows_per_program, groups per program, rows per inner step]. Many row
+    # groups (rows / rows_per_program x ngroups programs, thousands at Nemotron sizes) is
+    # what lifts this backward off mamba-ssm's one-program-per-SM schedule.
+    return [{"block_sizes": [rpp, 1, m], "num_warps": w}
+            for rpp, m, w in ((16, 1, 4), (32, 2, 4), (64, 4, 4), (64, 4, 8), (128, 4, 8), (256, 8, 8))]
+
+
 def _mamba_ssm_norm():
     try:
         from mamba_ssm.ops.triton import layernorm_gated
@@ -488,6 +502,7 @@ GATED_NORM_FWD = register(
         dims_from_args=_fwd_dims_from_args,
         make_problem=_make_fwd_problem,
         make_baseline=_baseline_fwd,
+        seed_configs=_fwd_seeds,
         description="gated RMSNorm/LayerNorm forward (mamba-ssm _layer_norm_fwd_1pass_kernel)",
     )
 )
@@ -503,6 +518,7 @@ GATED_NORM_BWD = register(
         dims_from_args=_bwd_dims_from_args,
         make_problem=_make_bwd_problem,
         make_baseline=_baseline_bwd,
+        seed_configs=_bwd_seeds,
         description="gated RMSNorm/LayerNorm backward (mamba-ssm _layer_norm_bwd_kernel)",
     )
 )

@@ -1,0 +1,29 @@
+"""The search's starting points: the bundle's current config first, then the kernel's seeds."""
+
+from __future__ import annotations
+
+import helion
+
+from autotune_cli.tuner import seed_configs
+from kernels.norm.gated import GATED_NORM_BWD
+from kernels.registry import all_kernels
+
+DIMS = dict(rows=16384, d=4096, group_size=512, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
+
+
+def test_warm_start_comes_first_then_the_kernels_seeds():
+    warm = {"block_sizes": [32, 1, 2], "num_warps": 8}
+    seeds = seed_configs(GATED_NORM_BWD, DIMS, warm)
+    assert all(isinstance(s, helion.Config) for s in seeds)
+    assert dict(seeds[0]) == warm
+    assert [dict(s) for s in seeds[1:]] == GATED_NORM_BWD.seed_configs(DIMS)
+    assert [dict(s) for s in seed_configs(GATED_NORM_BWD, DIMS, None)] == GATED_NORM_BWD.seed_configs(DIMS)
+
+
+def test_every_kernel_has_seeds_at_a_real_shape():
+    # The sweep's quick budgets rely on them; lowering.main checks each one lowers.
+    from autotune_cli.lowering import LOWERING_SHAPES
+
+    for tk in all_kernels().values():
+        dims = tk.dims_for(LOWERING_SHAPES[-1])
+        assert tk.seed_configs is not None and tk.seed_configs(dims), tk.name
