@@ -91,6 +91,8 @@ def sweep_command(
     timeout: TimeoutOpt = None,
     kernel: Annotated[list[str] | None, typer.Option(
         help="Only these kernels of the spec (repeatable); the rest stay as they are in the bundle.")] = None,
+    seconds_per_combo: Annotated[int | None, typer.Option(
+        min=1, help="Override the spec's search budget per combo (each entry records the budget it got).")] = None,
     origin: Annotated[list[str] | None, typer.Option(
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
@@ -111,6 +113,8 @@ def sweep_command(
         if not combos:
             fail(f"--origin {' | '.join(origin)}: no combo of {spec_path} comes from it (see `mamba-tune plan`)")
     budget = spec.budget
+    if seconds_per_combo is not None:
+        budget = budget.model_copy(update={"seconds_per_combo": seconds_per_combo})
     if cpu_dry_run and budget.effort != "none":
         err.print("cpu dry run: no search (effort none), default configs only")
         budget = budget.model_copy(update={"effort": "none"})
