@@ -26,15 +26,16 @@ from kernels.ssd import (
 )
 
 # F5 with C B^T recomputed in registers instead of F4 + F5. Off: on the H200 at Nemotron-3
-# Nano's sizes the best of a dozen hand-picked configs took 0.376 ms fused against
-# 0.042 + 0.287 ms for F4 + F5 (mamba-ssm: 0.047 + 0.314); re-measure with the benchmark
-# once both are tuned.
+# Nano's sizes (batch 2, seqlen 8192, bf16), with F5 tuned for the split path, the whole
+# forward took 0.804 ms fused against 0.514 ms split (mamba-ssm: 0.622 ms).
 FUSE_BMM_DEFAULT = False
-# F2 + F3 fused (sequential over chunks) instead of F2 then the parallel scan F3. Off until
-# measured: it saves the fp32 chunk states' round trip (268 MB each way at Nemotron-3 Nano's
-# sizes, ~0.14 ms at the copy bandwidth) but runs fewer, longer programs; the split path's
-# best hand-picked configs took 0.146 (F2) + 0.105 (F3) ms there.
-FUSE_STATE_PASSING_DEFAULT = False
+# F2 + F3 fused (sequential over chunks, one program per state tile walks every chunk)
+# instead of F2 then the parallel scan F3. On: it never writes the fp32 chunk states (268 MB
+# each way at Nemotron-3 Nano's sizes). Measured on the H200 there with tuned configs:
+# fused 0.151 ms against F2 0.144 + F3 (the scan) 0.102 ms; the whole forward 0.417 ms
+# against 0.514 ms split (mamba-ssm 0.622 ms). The scan alone matches mamba-ssm's
+# sequential F3 (0.102 vs 0.103 ms); it stays for `fuse_state_passing=False`.
+FUSE_STATE_PASSING_DEFAULT = True
 
 
 def _check(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
