@@ -6,6 +6,8 @@ coverage); 2 bad input (spec, bundle, arguments, environment) with nothing writt
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from autotune_cli.commands import bench, bundles, plan, review, sweep
@@ -23,4 +25,20 @@ for group in (plan, sweep, bundles, review, bench):
 
 
 def main() -> None:
-    app()
+    """Run the CLI; a bad argument or option is one line on stderr and exit code 2."""
+    try:
+        rv = app(standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("mamba-tune: aborted\n")
+        sys.exit(130)
+    except Exception as e:
+        # Click's usage and parameter errors (typer vendors click, so match by shape).
+        if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
+            raise
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "mamba-tune"
+        message = " ".join(e.format_message().split())
+        if message:  # empty when the help was printed instead (a group called with no command)
+            sys.stderr.write(f"{where}: {message} (see {where} --help)\n")
+        sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -112,3 +112,19 @@ def test_sweep_origin_that_matches_nothing_is_an_input_error(tmp_path):
     assert r.exit_code == 2
     assert "--origin tp=8: no combo of" in r.output and "mamba-tune plan" in r.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["sweep", "tests/data/tiny.yaml", "--timeout", "0"], "Invalid value for '--timeout'"),
+    (["plan", "no-such-spec.yaml"], "'no-such-spec.yaml' does not exist"),
+    (["no-such-command"], "No such command 'no-such-command'"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args, needle):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "autotune_cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], r.stderr
