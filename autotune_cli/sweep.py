@@ -57,6 +57,8 @@ class SweepOptions:
     cpu_dry_run: bool = False
     log_dir: Path = Path(".mamba-tune/logs")
     timeout_s: float | None = None
+    # Only part of the spec's combos (--kernel / --origin): the rest of the bundle must stay.
+    partial: bool = False
 
 
 @dataclasses.dataclass
@@ -195,12 +197,16 @@ class Sweep:
             )
         ov = bundle.provenance.versions
         if (ov.helion, ov.torch, ov.triton) != (versions.helion, versions.torch, versions.triton):
+            tuned_with = (f"{path} was tuned with helion {ov.helion}, torch {ov.torch}, triton {ov.triton}; this is "
+                          f"helion {versions.helion}, torch {versions.torch}, triton {versions.triton}")
+            if self.opt.partial:
+                # One bundle holds one set of versions: re-tuning part of it would have to drop
+                # the rest, which a filtered run must not do.
+                raise SweepInputError(f"{tuned_with}. A bundle holds one set of versions: re-tune the whole spec "
+                                      "(no --kernel/--origin) with --force, or use another -o")
             if not self.opt.force:
-                raise SweepInputError(
-                    f"{path} was tuned with helion {ov.helion}, torch {ov.torch}, triton {ov.triton}; this is "
-                    f"helion {versions.helion}, torch {versions.torch}, triton {versions.triton}. "
-                    "Pass --force to re-tune every combo of the spec (entries outside it are dropped)"
-                )
+                raise SweepInputError(f"{tuned_with}. Pass --force to re-tune every combo of the spec "
+                                      "(entries outside it are dropped)")
             planned = {c.key for c in self.combos}
             dropped = sorted(set(bundle.entries) - planned)
             for key in dropped:

@@ -118,3 +118,26 @@ def test_origin_filter_tunes_only_that_shape(tmp_path):
     # TP 2 of the tiny model: 2 heads x 16 = d 32, one group; batch 1 x seqlen 40 = 40 rows.
     assert sorted(e.kernel for e in entries.values()) == ["gated_norm_bwd", "gated_norm_fwd"]
     assert {(e.dims["rows"], e.dims["d"]) for e in entries.values()} == {(40, 32)}
+
+
+def test_other_versions_refuse_a_filtered_run_and_keep_the_bundle(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(sweep_cmd(out, "--origin", "tp=2 batch=1 seqlen=40"), env=env(), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = out / "cpu" / "tiny.json"
+    data = json.loads(path.read_text())
+    data["provenance"]["versions"]["helion"] = "0.0.1"  # as if tuned with another helion
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+
+    # A filtered --force run would have to drop the other entries: refused, nothing written.
+    r = subprocess.run(sweep_cmd(out, "--kernel", "gated_norm_fwd", "--force"), env=env(), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "helion 0.0.1" in r.stderr and "no --kernel/--origin" in r.stderr
+    assert path.read_bytes() == before
+    # Without filters and without --force: refused too, and it says how to go on.
+    r = subprocess.run(sweep_cmd(out), env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "Pass --force" in r.stderr, r.stderr[-3000:]
+    assert path.read_bytes() == before

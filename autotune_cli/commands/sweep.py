@@ -123,7 +123,7 @@ def sweep_command(
         spec_ref=SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256),
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
-                             timeout_s=timeout),
+                             timeout_s=timeout, partial=bool(kernel or origin)),
         console=err,
     )
     _run(sweep)
