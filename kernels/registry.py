@@ -52,6 +52,18 @@ class Problem:
         return fn(*self.args)
 
 
+def mamba_ssm_version() -> str:
+    """The installed mamba-ssm's version ("?" when unknown), for naming baselines."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("mamba_ssm")
+    except importlib.metadata.PackageNotFoundError:
+        import mamba_ssm
+
+        return getattr(mamba_ssm, "__version__", "?")
+
+
 @dataclasses.dataclass(frozen=True)
 class Baseline:
     name: str  # e.g. "mamba-ssm 2.3.2.post1"

@@ -23,7 +23,14 @@ import torch
 
 from kernels import runtime
 from kernels.reference import gated_norm_ref, gated_norm_stats_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels.registry import (
+    Baseline,
+    ModelShape,
+    Problem,
+    TunableKernel,
+    mamba_ssm_version,
+    register,
+)
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -450,15 +457,7 @@ def _mamba_ssm_norm():
         from mamba_ssm.ops.triton import layernorm_gated
     except ImportError:
         return None
-    import importlib.metadata
-
-    try:
-        version = importlib.metadata.version("mamba_ssm")
-    except importlib.metadata.PackageNotFoundError:
-        import mamba_ssm
-
-        version = getattr(mamba_ssm, "__version__", "?")
-    return layernorm_gated, f"mamba-ssm {version}"
+    return layernorm_gated, f"mamba-ssm {mamba_ssm_version()}"
 
 
 def _baseline_fwd(dims, dtype, device, seed) -> Baseline | None:

@@ -144,12 +144,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [chunk rows, chunk cols, dstate per dot].
-_SEEDS = [([128, 128, 32], 4, 4), ([64, 64, 64], 4, 3)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([128, 128, 32], 4, 4), ([64, 64, 64], 4, 3)])
 
 
 SSD_BMM = register(
@@ -163,7 +158,7 @@ SSD_BMM = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F4: C B^T per chunk and group (mamba-ssm _bmm_chunk_fwd_kernel)",
     )
 )

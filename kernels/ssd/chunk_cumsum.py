@@ -165,12 +165,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [heads per program]; mamba-ssm's launch uses 8-16 heads.
-_SEEDS = [([16], 4, 2), ([8], 4, 2)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([16], 4, 2), ([8], 4, 2)])
 
 
 SSD_CHUNK_CUMSUM = register(
@@ -184,7 +179,7 @@ SSD_CHUNK_CUMSUM = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F1: dt softplus/clamp and per-chunk cumsum of dt*A (mamba-ssm _chunk_cumsum_fwd_kernel)",
     )
 )

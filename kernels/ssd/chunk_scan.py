@@ -274,12 +274,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [chunk rows, headdim, chunk positions per dot, dstate per dot].
-_SEEDS = [([64, 64, 32, 128], 4, 3), ([64, 64, 32, 128], 4, 4), ([64, 64, 32, 64], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 32, 32, 128], 4, 3), ([32, 64, 32, 128], 4, 3)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([64, 64, 32, 128], 4, 3), ([64, 64, 32, 128], 4, 4), ([64, 64, 32, 64], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 32, 32, 128], 4, 3), ([32, 64, 32, 128], 4, 3)])
 
 
 SSD_CHUNK_SCAN = register(
@@ -293,7 +288,7 @@ SSD_CHUNK_SCAN = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F5: output from the entering state and the causal chunk-local term, "
                     "optionally with F4 fused (mamba-ssm _chunk_scan_fwd_kernel)",
     )

@@ -177,12 +177,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [headdim, dstate, chunk positions per dot]: mamba-ssm-like 64x128 tiles.
-_SEEDS = [([64, 128, 32], 4, 3), ([64, 128, 32], 4, 4), ([64, 64, 32], 4, 3)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([64, 128, 32], 4, 3), ([64, 128, 32], 4, 4), ([64, 64, 32], 4, 3)])
 
 
 SSD_CHUNK_STATE = register(
@@ -196,7 +191,7 @@ SSD_CHUNK_STATE = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F2: per-chunk end states x^T (B * dt * decay) (mamba-ssm _chunk_state_fwd_kernel)",
     )
 )

@@ -212,12 +212,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 # block_sizes = [headdim, dstate, chunk positions per dot]: smaller state tiles than F2 alone,
 # since each program walks every chunk in order.
-_SEEDS = [([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 64, 128], 4, 2), ([64, 64, 32], 4, 3), ([64, 128, 32], 8, 3), ([32, 32, 64], 4, 3), ([16, 64, 64], 4, 3)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 64, 128], 4, 2), ([64, 64, 32], 4, 3), ([64, 128, 32], 8, 3), ([32, 32, 64], 4, 3), ([16, 64, 64], 4, 3)])
 
 
 SSD_CHUNK_STATE_PASSING = register(
@@ -231,7 +226,7 @@ SSD_CHUNK_STATE_PASSING = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F2+F3 fused: chunk states folded into the passed state chunk by chunk, no fp32 states "
                     "in memory (mamba-ssm _chunk_state_fwd_kernel + _state_passing_fwd_kernel)",
     )

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from kernels.registry import ModelShape
+from kernels.registry import ModelShape, mamba_ssm_version
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -224,6 +225,13 @@ def packed_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tenso
     return torch.stack(rows)
 
 
+def fixed_seeds(table: list[tuple[list[int], int, int]]) -> Callable[[dict[str, int]], list[dict[str, Any]]]:
+    """A kernel's search seeds that do not depend on the dims: (block_sizes, num_warps,
+    num_stages) rows, hand-picked from H200 probes at Nemotron-3 Nano dims."""
+    configs = [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in table]
+    return lambda dims: [dict(c) for c in configs]
+
+
 def mamba_ssm_ops() -> tuple[dict[str, ModuleType], str] | None:
     """mamba-ssm's Triton SSD modules and a version string, or None when not importable."""
     try:
@@ -236,14 +244,6 @@ def mamba_ssm_ops() -> tuple[dict[str, ModuleType], str] | None:
         )
     except ImportError:
         return None
-    import importlib.metadata
-
-    try:
-        version = importlib.metadata.version("mamba_ssm")
-    except importlib.metadata.PackageNotFoundError:
-        import mamba_ssm
-
-        version = getattr(mamba_ssm, "__version__", "?")
     mods = {"bmm": ssd_bmm, "chunk_scan": ssd_chunk_scan, "chunk_state": ssd_chunk_state,
             "combined": ssd_combined, "state_passing": ssd_state_passing}
-    return mods, f"mamba-ssm {version}"
+    return mods, f"mamba-ssm {mamba_ssm_version()}"

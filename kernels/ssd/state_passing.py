@@ -234,12 +234,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [state elements (headdim x dstate) per program, chunks per scan block].
-_SEEDS = [([2048, 4], 8, 2), ([4096, 2], 8, 2), ([2048, 2], 8, 2), ([1024, 4], 4, 2), ([4096, 4], 8, 2)]
-
-
-def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    """Hand-picked starting points for the search (from H200 probes at Nemotron-3 Nano dims)."""
-    return [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in _SEEDS]
+_SEEDS = common.fixed_seeds([([2048, 4], 8, 2), ([4096, 2], 8, 2), ([2048, 2], 8, 2), ([1024, 4], 4, 2), ([4096, 4], 8, 2)])
 
 
 SSD_STATE_PASSING = register(
@@ -253,7 +248,7 @@ SSD_STATE_PASSING = register(
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,
         make_baseline=_baseline,
-        seed_configs=_seeds,
+        seed_configs=_SEEDS,
         description="SSD F3: inter-chunk state recurrence as a blocked associative scan "
                     "(mamba-ssm _state_passing_fwd_kernel, sequential there)",
     )
