@@ -438,18 +438,45 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
     )
 
 
+def _lanes(dims: dict[str, int]) -> int:
+    """Register lanes one row of a group takes: the group size padded to a power of two."""
+    return 1 << max(int(dims["group_size"]) - 1, 0).bit_length()
+
+
+def _warps_for(elems: int, per_thread: int) -> int:
+    """Warps (a power of two in 1..32) that give each thread about per_thread elements."""
+    w = max(1, elems // (32 * per_thread))
+    return min(32, 1 << (w.bit_length() - 1))
+
+
 def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # block_sizes = [rows per tile, groups per tile]: a few rows of one group per program
-    # keeps the whole group in registers (the H200 winners so far were 2-4 rows, 2 warps).
-    return [{"block_sizes": [m, 1], "num_warps": w} for m, w in ((1, 1), (2, 2), (4, 2), (4, 4), (8, 4))]
+    # keeps the whole group in registers. Warps follow the row width so that each thread
+    # holds 16-32 elements of x (and z): at group 512 that is the 1-4 warps the H200's
+    # winners used; at whole 5120-wide rows (8192 lanes), 8-32 warps.
+    lanes = _lanes(dims)
+    seeds: list[dict[str, Any]] = []
+    for m, per_thread in ((1, 16), (1, 32), (2, 16), (2, 32), (4, 32), (8, 32)):
+        seed = {"block_sizes": [m, 1], "num_warps": _warps_for(m * lanes, per_thread)}
+        if seed not in seeds:
+            seeds.append(seed)
+    return seeds
 
 
 def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # block_sizes = [rows_per_program, groups per program, rows per inner step]. Many row
     # groups (rows / rows_per_program x ngroups programs, thousands at Nemotron sizes) is
-    # what lifts this backward off mamba-ssm's one-program-per-SM schedule.
-    return [{"block_sizes": [rpp, 1, m], "num_warps": w}
-            for rpp, m, w in ((16, 1, 4), (32, 2, 4), (64, 4, 4), (64, 4, 8), (128, 4, 8), (256, 8, 8))]
+    # what lifts this backward off mamba-ssm's one-program-per-SM schedule. The inner step
+    # and the warps follow the row width: about 16 elements of each row tensor per thread.
+    lanes = _lanes(dims)
+    seeds: list[dict[str, Any]] = []
+    for rpp, w in ((16, 4), (32, 4), (64, 4), (64, 8), (128, 8), (256, 8)):
+        w = max(w, _warps_for(lanes, 16))
+        m = max(1, min(8, (32 * w * 16) // lanes))
+        seed = {"block_sizes": [rpp, 1, m], "num_warps": w}
+        if seed not in seeds:
+            seeds.append(seed)
+    return seeds
 
 
 def _mamba_ssm_norm():
