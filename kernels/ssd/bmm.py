@@ -76,9 +76,29 @@ def _check(C: torch.Tensor, B: torch.Tensor, chunk_size: int, seq_idx: torch.Ten
     common.check_device(C.device, B=B, seq_idx=seq_idx)
 
 
+def mask_other_sequences(cb: torch.Tensor, seq_idx: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Zero CB[i, j] where positions i and j of a chunk belong to different sequences (in place).
+
+    Padded positions past seqlen are already 0 in CB (their C/B loads are masked).
+    """
+    batch, nchunks = cb.shape[0], cb.shape[1]
+    pad = nchunks * chunk_size - seq_idx.shape[1]
+    ids = torch.nn.functional.pad(seq_idx, (0, pad), value=-1).view(batch, nchunks, 1, chunk_size)
+    return cb.masked_fill_(ids.unsqueeze(-1) != ids.unsqueeze(-2), 0.0)
+
+
 def _launch(C: torch.Tensor, B: torch.Tensor, chunk_size: int, seq_idx: torch.Tensor | None) -> torch.Tensor:
     # One dot dtype: B follows C (mamba-ssm picks the lower of the two; callers pass equal dtypes).
-    return runtime.run(SSD_BMM, (C, B.to(C.dtype), seq_idx, int(chunk_size)))
+    B = B.to(C.dtype)
+    if seq_idx is None or not C.is_cuda:
+        return runtime.run(SSD_BMM, (C, B, seq_idx, int(chunk_size)))
+    # On the GPU the kernel's own seq_idx mask is not used: on the H200 (triton 3.6) configs
+    # with a 32-wide dstate step and 128-row or 128-column blocks, Helion's default among
+    # them, return garbage CB (max error 62.6 at Nano's sizes) with the mask and right CB
+    # without it; the same code is right in Triton's interpreter. So CB comes from the
+    # maskless kernel (its tuned entry) and the mask is one in-place torch op after it.
+    cb = runtime.run(SSD_BMM, (C, B, None, int(chunk_size)))
+    return mask_other_sequences(cb, seq_idx, chunk_size)
 
 
 # --- public function ------------------------------------------------------------------

@@ -38,10 +38,11 @@ FUSE_BMM_DEFAULT = False
 # against 0.514 ms split (mamba-ssm 0.622 ms). The scan alone matches mamba-ssm's
 # sequential F3 (0.102 vs 0.103 ms); it stays for `fuse_state_passing=False`.
 FUSE_STATE_PASSING_DEFAULT = True
-# On the H200 at Nemotron-3 Nano's sizes the output with seq_idx is wrong (max error 40.6
-# against the fp32 reference; the final states are right), though ref mode and the
-# generated code in Triton's interpreter agree with the reference. Until the cause is
-# found, CUDA calls with seq_idx raise unless this variable is "1" (for debugging).
+# With seq_idx, the sequence mask of C B^T computed inside a kernel miscompiles on the
+# H200 for some configs (bmm.py's _launch has the measurement), so the split path masks
+# F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
+# inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
+# variable is "1" (for debugging).
 UNSAFE_GPU_SEQ_IDX = "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX"
 
 
@@ -106,11 +107,11 @@ def ssd_forward(
     None: FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT.
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    if seq_idx is not None and x.is_cuda and os.environ.get(UNSAFE_GPU_SEQ_IDX) != "1":
-        raise NotImplementedError(
-            "ssd: seq_idx gives wrong outputs on the GPU at model sizes (a known bug, see the README's "
-            f"measured results); refusing rather than returning them. {UNSAFE_GPU_SEQ_IDX}=1 runs it anyway")
     fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
+    if fuse and seq_idx is not None and x.is_cuda and os.environ.get(UNSAFE_GPU_SEQ_IDX) != "1":
+        raise NotImplementedError(
+            "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
+            f"mask miscompiles for some configs); use fuse_bmm=False. {UNSAFE_GPU_SEQ_IDX}=1 runs it anyway")
     fuse_sp = FUSE_STATE_PASSING_DEFAULT if fuse_state_passing is None else fuse_state_passing
     # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
     B, C = B.to(x.dtype), C.to(x.dtype)

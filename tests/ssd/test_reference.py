@@ -18,6 +18,7 @@ from kernels.reference import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
+from kernels.ssd.bmm import mask_other_sequences
 from kernels.ssd.common import SSDInputs
 
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
@@ -112,6 +113,17 @@ def test_bmm_ref_masks_padding_and_sequences():
     seq = torch.nn.functional.pad(i.seq_idx, (0, 8), value=-1).view(1, 3, 16)
     cross = seq[..., :, None] != seq[..., None, :]
     assert torch.all(cb.permute(0, 1, 3, 4, 2)[cross] == 0)
+
+
+def test_masking_maskless_cb_afterwards_equals_the_masked_cb():
+    # F4 on the GPU: the maskless kernel, then mask_other_sequences (bmm.py). Seqlen 40 is
+    # not a multiple of 16, and the random boundaries fall inside chunks.
+    for seed in range(3):
+        i = SSDInputs.make({"batch": 2, "seqlen": 40, "nheads": 2, "headdim": 4, "ngroups": 2, "dstate": 8,
+                            "chunk_size": 16, "has_seq_idx": 1}, torch.float32, "cpu", seed)
+        assert (i.seq_idx[:, 1:] != i.seq_idx[:, :-1]).any()
+        masked = mask_other_sequences(bmm_chunk_ref(i.C, i.B, 16, None), i.seq_idx, 16)
+        torch.testing.assert_close(masked, bmm_chunk_ref(i.C, i.B, 16, i.seq_idx), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
