@@ -158,3 +158,16 @@ def test_h200_fixture_matches_presets():
     from autotune_cli.presets import sku_of
 
     assert sku_of(H200.name) == "h200" and sku_of("NVIDIA GH200 480GB") == "gh200"
+
+
+def test_signature_separates_what_compiled_code_bakes_in():
+    x = torch.randn(4, 6, 8)
+    sig = runtime._signature
+    assert sig((x, 1e-6, True)) == sig((torch.randn(4, 6, 8), 1e-6, True))
+    # Shape, dtype, strides of a non-contiguous view, scalars and None all change the key.
+    assert sig((x,)) != sig((torch.randn(4, 6, 9),))
+    assert sig((x,)) != sig((x.to(torch.bfloat16),))
+    assert sig((x.transpose(1, 2).contiguous(),)) != sig((x.transpose(1, 2),))
+    assert sig((x[:, :, ::2],)) != sig((x[:, :, 1::2].contiguous(),))
+    assert sig((x, None)) != sig((x, x))
+    assert sig((x, 1e-6)) != sig((x, 1e-5))
