@@ -128,3 +128,26 @@ def test_bad_arguments_are_one_line_and_exit_2(args, needle):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], r.stderr
+
+
+def test_bench_results_are_rewritten_whole_after_each_model(tmp_path):
+    from autotune_cli.benchmarks.cli import write_results
+
+    path = tmp_path / "out" / "bench.json"
+    header = {"machine": "m", "copy_gbps": 1.0}
+    write_results(path, header, [{"model": "a"}], complete=False)
+    first = json.loads(path.read_text())
+    assert first["complete"] is False and [r["model"] for r in first["rows"]] == ["a"]
+    write_results(path, header, [{"model": "a"}, {"model": "b"}], complete=True)
+    last = json.loads(path.read_text())
+    assert last["complete"] is True and [r["model"] for r in last["rows"]] == ["a", "b"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["bench.json"]  # no temp file left
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")
+def test_bench_without_a_gpu_is_a_one_line_error(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run("bench", "--family", "ssd", "--model", "nemotron-3-nano-30b", "--json-out", str(out))
+    assert r.exit_code == 2
+    assert "no CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,20 +61,32 @@ def bench_command(
     line = machine_line()
     copy = copy_gbps()
     err.print(f"{line}; device-to-device copy {copy:.0f} GB/s")
+    header: dict[str, Any] = {"machine": line, "copy_gbps": copy, "time": now(), "batch": batch, "seqlen": seqlen,
+                              "dtype": dtype.value}
     rows: list[dict[str, Any]] = []
-    extra: dict[str, Any] = {}
-    if family in (Family.norm, Family.all):
-        from autotune_cli.benchmarks.norm import bench_norm, lookup_us
-
-        rows += bench_norm(shapes, torch_dtype)
-        extra["lookup_us"] = lookup_us()
-        err.print(f"runtime config lookup after the first call: {extra['lookup_us']:.2f} us")
     if family in (Family.ssd, Family.all):
         try:
             from autotune_cli.benchmarks.ssd import bench_ssd
         except ImportError as e:
             fail(f"the SSD benchmark is not available: {e}")
-        rows += bench_ssd(shapes, torch_dtype, 200)
+    t0 = time.monotonic()
+    # One model shape at a time, with the JSON rewritten after each: a run stopped part way
+    # (a device time limit) keeps what it measured, marked "complete": false.
+    for i, shape in enumerate(shapes, 1):
+        if family in (Family.norm, Family.all):
+            from autotune_cli.benchmarks.norm import bench_norm
+
+            rows += bench_norm([shape], torch_dtype)
+        if family in (Family.ssd, Family.all):
+            rows += bench_ssd([shape], torch_dtype, 200)
+        err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
+        if json_out is not None:
+            write_results(json_out, header, rows, complete=False)
+    if family in (Family.norm, Family.all):
+        from autotune_cli.benchmarks.norm import lookup_us
+
+        header["lookup_us"] = lookup_us()
+        err.print(f"runtime config lookup after the first call: {header['lookup_us']:.2f} us")
     table = Table(title=f"ours vs mamba-ssm, batch {batch}, seqlen {seqlen}, {dtype.value}")
     cols = ("model", "op", "shape", "ours ms", "ours GB/s", "mamba-ssm ms", "mamba-ssm GB/s", "speedup",
             "ours wall ms", "mamba-ssm wall ms", "config")
@@ -90,7 +104,13 @@ def bench_command(
                       f(r.get("ours_wall_ms"), ".4f"), f(r.get("baseline_wall_ms"), ".4f"), str(r.get("config", "")))
     out.print(table)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"machine": line, "copy_gbps": copy, "time": now(), "batch": batch,
-                                        "seqlen": seqlen, "dtype": dtype.value, **extra, "rows": rows}, indent=2))
+        write_results(json_out, header, rows, complete=True)
         err.print(f"wrote {json_out}")
+
+
+def write_results(path: Path, header: dict[str, Any], rows: list[dict[str, Any]], complete: bool) -> None:
+    """Write the benchmark JSON atomically (a temp file renamed over the old one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**header, "complete": complete, "rows": rows}, indent=2))
+    os.replace(tmp, path)
