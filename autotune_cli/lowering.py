@@ -66,6 +66,15 @@ LOWERING_SHAPES = [
 ]
 
 
+# Real model shapes at which every kernel's search seeds must reach Helion as written and
+# lower: Nemotron-3 Nano TP2 (groups of 512, chunk 128) and Mamba2-2.7B (one 5120-wide
+# group, chunk 256), where the seeds' block sizes and warps differ.
+SEED_SHAPES = [
+    LOWERING_SHAPES[-1],
+    ModelShape(batch=2, seqlen=8192, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256),
+]
+
+
 def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str]:
     """Problems with the kernel's search seeds at `dims`: a seed Helion would drop or change
     (it skips seeds that do not fit the config space, with only a log line) or that fails
@@ -98,20 +107,22 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
 
 
 def main() -> int:
-    """Lower every kernel's default config at LOWERING_SHAPES, every search seed at the real
-    model shape, and every committed bundle config."""
+    """Lower every kernel's default config at LOWERING_SHAPES, every search seed at
+    SEED_SHAPES, and every committed bundle config."""
     from kernels.bundle import BundleError, find_bundles, load_bundle
     from kernels.runtime import default_bundle_paths
 
     failures = 0
     for tk in all_kernels().values():
-        dims = tk.dims_for(LOWERING_SHAPES[-1])
-        if tk.seed_configs is not None and dims is not None:
+        for shape in SEED_SHAPES:
+            dims = tk.dims_for(shape)
+            if tk.seed_configs is None or dims is None:
+                continue
             bad_seeds = check_seeds(tk, dims, "bf16")
             failures += len(bad_seeds)
             for why in bad_seeds:
                 print(f"FAIL {tk.name} {dims}: {why}")
-            print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds")
+            print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds at {dims}")
         for shape in LOWERING_SHAPES:
             dims = tk.dims_for(shape)
             if dims is None:
