@@ -250,10 +250,15 @@ def dumps_bundle(bundle: Bundle) -> str:
 
 
 def write_bundle(bundle: Bundle, path: str | os.PathLike[str]) -> None:
-    """Write atomically: a temp file in the same folder, fsync, then os.replace."""
-    p = Path(path)
+    """Write atomically (see write_text_atomic), after checking that the text reads back."""
     text = dumps_bundle(bundle)
-    parse_bundle(text, source=str(p))  # never write what we could not read back
+    parse_bundle(text, source=str(path))  # never write what we could not read back
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """A temp file in the same folder, fsync, then os.replace: readers see the old file or the new."""
+    p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:

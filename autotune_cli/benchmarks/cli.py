@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +13,7 @@ from rich.table import Table
 
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
 from autotune_cli.presets import MODEL_PRESETS
+from kernels.bundle import write_text_atomic
 from kernels.registry import DTYPES, ModelShape
 
 
@@ -64,6 +64,8 @@ def bench_command(
     header: dict[str, Any] = {"machine": line, "copy_gbps": copy, "time": now(), "batch": batch, "seqlen": seqlen,
                               "dtype": dtype.value}
     rows: list[dict[str, Any]] = []
+    from autotune_cli.benchmarks.norm import bench_norm, lookup_us
+
     if family in (Family.ssd, Family.all):
         try:
             from autotune_cli.benchmarks.ssd import bench_ssd
@@ -74,8 +76,6 @@ def bench_command(
     # (a device time limit) keeps what it measured, marked "complete": false.
     for i, shape in enumerate(shapes, 1):
         if family in (Family.norm, Family.all):
-            from autotune_cli.benchmarks.norm import bench_norm
-
             rows += bench_norm([shape], torch_dtype)
         if family in (Family.ssd, Family.all):
             rows += bench_ssd([shape], torch_dtype, 200)
@@ -83,8 +83,6 @@ def bench_command(
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)
     if family in (Family.norm, Family.all):
-        from autotune_cli.benchmarks.norm import lookup_us
-
         header["lookup_us"] = lookup_us()
         err.print(f"runtime config lookup after the first call: {header['lookup_us']:.2f} us")
     table = Table(title=f"ours vs mamba-ssm, batch {batch}, seqlen {seqlen}, {dtype.value}")
@@ -109,8 +107,5 @@ def bench_command(
 
 
 def write_results(path: Path, header: dict[str, Any], rows: list[dict[str, Any]], complete: bool) -> None:
-    """Write the benchmark JSON atomically (a temp file renamed over the old one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**header, "complete": complete, "rows": rows}, indent=2))
-    os.replace(tmp, path)
+    """Write the benchmark JSON atomically (a reader never sees half a file)."""
+    write_text_atomic(path, json.dumps({**header, "complete": complete, "rows": rows}, indent=2))
