@@ -3,6 +3,12 @@
 CB[b, c, g, i, j] = sum_n C[c*Q + i, g, n] * B[c*Q + j, g, n]; zero for rows or columns
 past seqlen and, with seq_idx, between positions of different sequences.
 
+The kernel computes the maskless CB; with seq_idx the launcher zeroes the cross-sequence
+entries with one in-place torch op after it (`mask_other_sequences`), on every device. The
+mask used to live inside the kernel, where on the H200 (triton 3.6) configs with a 32-wide
+dstate step and 128-row or 128-column blocks, Helion's GPU default among them, returned
+garbage CB (max error 62.6 at Nano's sizes) while the same configs without it were right.
+
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
 tuning record. One program owns a block_m-row slice of one chunk of one group and all
 the chunk's columns in block_n steps, each a tensor-core dot over dstate in block_k
@@ -29,7 +35,6 @@ from kernels.ssd import common
 def bmm_chunk_kernel(
     C: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
     B: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
-    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
     chunk_size: hl.constexpr,
 ) -> torch.Tensor:
     batch, seqlen, ngroups, dstate = C.shape
@@ -45,8 +50,6 @@ def bmm_chunk_kernel(
         c = tile_i.begin // chunk_size
         c0 = c * chunk_size
         row_ok = tile_i.index < seqlen
-        if seq_idx is not None:
-            seq_i = hl.load(seq_idx, [b, tile_i], extra_mask=row_ok)
         for tile_j in hl.tile(c0, c0 + chunk_size, block_size=block_n):
             col_ok = tile_j.index < seqlen
             acc = hl.zeros([tile_i, tile_j], dtype=torch.float32)
@@ -54,10 +57,6 @@ def bmm_chunk_kernel(
                 c_blk = hl.load(C, [b, tile_i, g, tile_k], extra_mask=row_ok[:, None])
                 b_blk = hl.load(B, [b, tile_j, g, tile_k], extra_mask=col_ok[:, None])
                 acc = hl.dot(c_blk, b_blk.T, acc=acc)
-            if seq_idx is not None:
-                # Masked rows/columns are already 0 (their C/B loads are masked).
-                seq_j = hl.load(seq_idx, [b, tile_j], extra_mask=col_ok)
-                acc = torch.where(seq_i[:, None] == seq_j[None, :], acc, 0.0)
             cb[b, c, g, tile_i.index - c0, tile_j.index - c0] = acc
     return cb
 
@@ -90,15 +89,8 @@ def mask_other_sequences(cb: torch.Tensor, seq_idx: torch.Tensor, chunk_size: in
 def _launch(C: torch.Tensor, B: torch.Tensor, chunk_size: int, seq_idx: torch.Tensor | None) -> torch.Tensor:
     # One dot dtype: B follows C (mamba-ssm picks the lower of the two; callers pass equal dtypes).
     B = B.to(C.dtype)
-    if seq_idx is None or not C.is_cuda:
-        return runtime.run(SSD_BMM, (C, B, seq_idx, int(chunk_size)))
-    # On the GPU the kernel's own seq_idx mask is not used: on the H200 (triton 3.6) configs
-    # with a 32-wide dstate step and 128-row or 128-column blocks, Helion's default among
-    # them, return garbage CB (max error 62.6 at Nano's sizes) with the mask and right CB
-    # without it; the same code is right in Triton's interpreter. So CB comes from the
-    # maskless kernel (its tuned entry) and the mask is one in-place torch op after it.
-    cb = runtime.run(SSD_BMM, (C, B, None, int(chunk_size)))
-    return mask_other_sequences(cb, seq_idx, chunk_size)
+    cb = runtime.run(SSD_BMM, (C, B, int(chunk_size)))
+    return cb if seq_idx is None else mask_other_sequences(cb, seq_idx, chunk_size)
 
 
 # --- public function ------------------------------------------------------------------
@@ -121,7 +113,8 @@ def bmm_chunk_fwd(
 
 # --- tuning record --------------------------------------------------------------------
 
-DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "has_seq_idx")
+# No has_seq_idx: the kernel is the same with and without it (the mask runs after it).
+DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size")
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:
@@ -129,21 +122,20 @@ def _dims_for(shape: ModelShape) -> dict[str, int]:
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    C, _B, seq_idx, chunk_size = args
+    C, _B, chunk_size = args
     batch, seqlen, ngroups, dstate = C.shape
-    return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate,
-            "chunk_size": int(chunk_size), "has_seq_idx": int(seq_idx is not None)}
+    return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate, "chunk_size": int(chunk_size)}
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
-    args = (i.C, i.B, i.seq_idx, i.chunk_size)
+    args = (i.C, i.B, i.chunk_size)
     b, L, G, N = i.C.shape
     nc = common.nchunks_of(L, i.chunk_size)
     return Problem(
         args=args,
-        reference=lambda: {"CB": bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)},
-        lowp_reference=lambda: {"CB": bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)},
+        reference=lambda: {"CB": bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size)},
+        lowp_reference=lambda: {"CB": bmm_chunk_ref(i.C, i.B, i.chunk_size, upcast=False)},
         outputs=lambda res: {"CB": res.float()},
         bytes_moved=2 * i.C.numel() * i.C.element_size() + b * nc * G * i.chunk_size**2 * 4,
         flops=2 * b * nc * G * i.chunk_size**2 * N,
@@ -158,7 +150,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
 
     def fn() -> Any:
-        return mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, seq_idx=i.seq_idx, output_dtype=torch.float32)
+        return mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, output_dtype=torch.float32)
 
     return Baseline(name, fn)
 
@@ -173,7 +165,7 @@ SSD_BMM = register(
         family="ssd",
         kernel=bmm_chunk_kernel,
         dims=DIMS,
-        size_dims=common.SIZE_DIMS,
+        size_dims=common.size_dims(DIMS),
         dims_for=_dims_for,
         dims_from_args=_dims_from_args,
         make_problem=_make_problem,

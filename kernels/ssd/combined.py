@@ -39,7 +39,7 @@ FUSE_BMM_DEFAULT = False
 # sequential F3 (0.102 vs 0.103 ms); it stays for `fuse_state_passing=False`.
 FUSE_STATE_PASSING_DEFAULT = True
 # With seq_idx, the sequence mask of C B^T computed inside a kernel miscompiles on the
-# H200 for some configs (bmm.py's _launch has the measurement), so the split path masks
+# H200 for some configs (bmm.py's docstring has the measurement), so the split path masks
 # F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
 # inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
 # variable is "1" (for debugging).

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels import runtime
-from kernels.reference import ssd_chunked_ref, ssd_recurrent_ref
+from kernels.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
 from kernels.registry import ModelShape, get
 from kernels.ssd import mamba_chunk_scan_combined, ssd_forward
 from kernels.ssd.bmm import bmm_chunk_fwd, mask_other_sequences
@@ -142,22 +142,23 @@ MISCOMPILED_MASK_CONFIGS = [([128, 128, 32], 4, 4), ([128, 64, 32], 1, 4), ([64,
 
 
 @pytest.mark.parametrize("block_sizes,num_stages,num_warps", MISCOMPILED_MASK_CONFIGS)
-def test_bmm_with_seq_idx_is_right_where_the_in_kernel_mask_miscompiles(block_sizes, num_stages, num_warps):
+def test_bmm_with_seq_idx_is_right_where_the_in_kernel_mask_miscompiled(block_sizes, num_stages, num_warps):
     import helion
 
     tk = get("ssd_bmm")
-    dims = {"batch": 2, "seqlen": 8192, "ngroups": 8, "dstate": 128, "chunk_size": 128, "has_seq_idx": 1}
-    problem = tk.make_problem(dims, torch.bfloat16, torch.device("cuda"), 0)
-    C, B, seq_idx, chunk_size = problem.args
-    bound = tk.kernel.bind((C, B, None, chunk_size))
+    dims = {"batch": 2, "seqlen": 8192, "ngroups": 8, "dstate": 128, "chunk_size": 128}
+    i = SSDInputs.make({**dims, "nheads": 8, "has_seq_idx": 1}, torch.bfloat16, "cuda", 0)
+    bound = tk.kernel.bind((i.C, i.B, i.chunk_size))
     fn = bound.compile_config(helion.Config(block_sizes=block_sizes, num_stages=num_stages, num_warps=num_warps),
                               allow_print=False)
-    cb = mask_other_sequences(fn(C, B, None, chunk_size), seq_idx, chunk_size)
-    ref = problem.reference()["CB"]
-    _assert_bounded("CB", cb, ref, problem.lowp_reference()["CB"], ATOL[torch.bfloat16])
+    cb = mask_other_sequences(fn(i.C, i.B, i.chunk_size), i.seq_idx, i.chunk_size)
+    ref = bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
+    lowp = bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
+    assert i.seq_idx is not None and int(i.seq_idx.max()) > 0
+    _assert_bounded("CB", cb, ref, lowp, ATOL[torch.bfloat16])
     # And the public F4, as the pipeline calls it.
-    _assert_bounded("CB (bmm_chunk_fwd)", bmm_chunk_fwd(C, B, chunk_size, seq_idx), ref,
-                    problem.lowp_reference()["CB"], ATOL[torch.bfloat16])
+    _assert_bounded("CB (bmm_chunk_fwd)", bmm_chunk_fwd(i.C, i.B, i.chunk_size, i.seq_idx), ref, lowp,
+                    ATOL[torch.bfloat16])
 
 
 def test_benchmark_runs_and_reports_every_stage():
@@ -166,6 +167,9 @@ def test_benchmark_runs_and_reports_every_stage():
     shape = ModelShape(batch=1, seqlen=1024, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=128)
     rows = bench_ssd([("small", shape)], torch.bfloat16, rep_ms=5)
     stages = {r["stage"] for r in rows}
-    assert {"chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "chunk_scan",
-            "total", "total_wall"} <= stages
+    assert {"chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
+            "chunk_scan", "total", "total_seq_idx", "total_wall"} <= stages
+    assert all(r["ours_ms"] > 0 for r in rows)
+    only = bench_ssd([("small", shape)], torch.bfloat16, rep_ms=5, stages=("total", "total_seq_idx"))
+    assert [r["stage"] for r in only] == ["total", "total_seq_idx"]
     assert all(r["ours_ms"] > 0 for r in rows)
