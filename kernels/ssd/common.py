@@ -29,7 +29,16 @@ DT_LIMIT_NONE = (0.0, float("inf"))
 
 # Bundle-key dims shared by the SSD kernels (each kernel keeps the ones it depends on).
 SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
-SIZE_DIMS = ("batch", "seqlen")
+# Dims the runtime's nearest rule may vary (each within 4x, closest in log space). The SSD
+# kernels run one head (F1-F3, F5) or one group (F4) per program, so a config tuned at 64
+# heads and 8 groups also serves a TP variant (32 and 4) or a wider model (128 and 8) with
+# the same headdim, dstate and chunk_size; those stay structural (exact match).
+SIZE_DIMS = ("batch", "seqlen", "nheads", "ngroups")
+
+
+def size_dims(dims: tuple[str, ...]) -> tuple[str, ...]:
+    """The nearest rule's size dims among one kernel's key dims."""
+    return tuple(d for d in SIZE_DIMS if d in dims)
 
 
 def nchunks_of(seqlen: int, chunk_size: int) -> int:
