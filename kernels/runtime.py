@@ -218,6 +218,11 @@ class _Runtime:
 _RT = _Runtime()
 
 
+def current_mode() -> Mode:
+    """The lookup mode in force: MAMBA_TUNE_CONFIG_MODE, else `configure(mode=...)`, else nearest."""
+    return _RT.effective_mode()
+
+
 def configure(*, bundle_paths: Sequence[str | os.PathLike[str]] | None = None, mode: Mode | str | None = None) -> None:
     """Choose where bundles come from and the lookup mode; drops every cached config."""
     with _RT.lock:

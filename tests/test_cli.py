@@ -151,3 +151,15 @@ def test_bench_without_a_gpu_is_a_one_line_error(tmp_path):
     assert r.exit_code == 2
     assert "no CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--family", "ssd", "--ssd-stage", "totl"], "--ssd-stage 'totl': unknown; known: chunk_cumsum"),
+    (["--family", "norm", "--ssd-stage", "total"], "--ssd-stage: only with --family ssd or all"),
+])
+def test_bench_rejects_bad_stage_arguments_before_touching_a_gpu(tmp_path, args, message):
+    out = tmp_path / "bench.json"
+    r = run("bench", *args, "--json-out", str(out))
+    assert r.exit_code == 2
+    assert message in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()

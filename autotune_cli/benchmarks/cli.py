@@ -17,6 +17,12 @@ from kernels.bundle import write_text_atomic
 from kernels.registry import DTYPES, ModelShape
 
 
+class ConfigMode(str, enum.Enum):
+    exact = "exact"
+    nearest = "nearest"
+    default = "default"
+
+
 class Family(str, enum.Enum):
     norm = "norm"
     ssd = "ssd"
@@ -46,13 +52,31 @@ def bench_command(
     dtype: Annotated[DtypeChoice, typer.Option(help="Input dtype.")] = DtypeChoice.bf16,
     json_out: Annotated[Path | None, typer.Option(help="Also write the rows, machine and versions as JSON.",
                                                   dir_okay=False)] = None,
+    ssd_stage: Annotated[list[str] | None, typer.Option(
+        help="SSD rows to time (repeatable; default: all). E.g. total, total_wall, total_seq_idx, bmm.")] = None,
+    config_mode: Annotated[ConfigMode | None, typer.Option(
+        help="Config lookup: exact, nearest (the default) or default (Helion's default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
+    from autotune_cli.benchmarks.common import SSD_STAGES
+
+    bad = sorted(set(ssd_stage or ()) - set(SSD_STAGES))
+    if bad:
+        fail(f"--ssd-stage {bad[0]!r}: unknown; known: {', '.join(SSD_STAGES)}")
+    if ssd_stage and family is Family.norm:
+        fail("--ssd-stage: only with --family ssd or all")
     import torch
 
     if not torch.cuda.is_available():
         fail("no CUDA GPU on this machine: `mamba-tune bench` times kernels on the GPU")
     from autotune_cli.benchmarks.common import copy_gbps, machine_line
+    from kernels import runtime
+
+    if config_mode is not None:
+        runtime.configure(mode=config_mode.value)
+        if runtime.current_mode().value != config_mode.value:
+            fail(f"--config-mode {config_mode.value}: {runtime.ENV_MODE}={runtime.current_mode().value} "
+                 "in the environment overrides it; unset one")
     from autotune_cli.environment import now
 
     models = model or list(MODEL_PRESETS)
@@ -62,7 +86,7 @@ def bench_command(
     copy = copy_gbps()
     err.print(f"{line}; device-to-device copy {copy:.0f} GB/s")
     header: dict[str, Any] = {"machine": line, "copy_gbps": copy, "time": now(), "batch": batch, "seqlen": seqlen,
-                              "dtype": dtype.value}
+                              "dtype": dtype.value, "config_mode": runtime.current_mode().value}
     rows: list[dict[str, Any]] = []
     from autotune_cli.benchmarks.norm import bench_norm, lookup_us
 
@@ -78,7 +102,7 @@ def bench_command(
         if family in (Family.norm, Family.all):
             rows += bench_norm([shape], torch_dtype)
         if family in (Family.ssd, Family.all):
-            rows += bench_ssd([shape], torch_dtype, 200)
+            rows += bench_ssd([shape], torch_dtype, 200, stages=ssd_stage or SSD_STAGES)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)

@@ -8,6 +8,11 @@ from typing import Any
 
 import torch
 
+# The rows `bench --family ssd` can time (benchmarks/ssd.py documents each).
+SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
+              "chunk_scan", "chunk_scan_fused_bmm", "total", "total_split", "total_fused_bmm",
+              "total_fused_state_passing", "total_seq_idx", "total_wall")
+
 
 def kernel_ms(fn: Callable[[], Any]) -> float:
     """Median GPU time (ms) with triton.testing.do_bench; L2 flushed between runs."""

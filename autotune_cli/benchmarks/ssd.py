@@ -7,6 +7,8 @@ Each stage is timed on the same intermediate tensors for both sides (ours from F
 call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
 and host work included). Ours is also timed with each fusion switched on (F2 + F3 in one
 sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion replaces.
+"bmm_seq_idx" and "total_seq_idx" repeat F4 and the whole call with packed sequences
+(seq_idx with 4 sequences per row, both sides): ours then masks C B^T after F4 (bmm.py).
 
 Rows: model, stage, ours_ms, baseline_ms, ratio (= baseline_ms / ours_ms, > 1: ours faster),
 tflops and gbps of ours (useful work over ours_ms), plus shape and config provenance.
@@ -14,11 +16,12 @@ tflops and gbps of ours (useful work over ours_ms), plus shape and config proven
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
 
+from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
 from autotune_cli.benchmarks.common import wall_ms
 from kernels import runtime
 from kernels.registry import DTYPE_NAMES, ModelShape
@@ -61,22 +64,32 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
         "chunk_scan": (f_scan, 2 * x + bc + cb + states_lo + 2 * per_chunk),
         "chunk_scan_fused_bmm": (f_scan + f_cb, 2 * x + 2 * bc + states_lo + 2 * per_chunk),
         "total": (f_state + f_cb + f_scan, 2 * x + 2 * bc + b * L * H * e),
+        "bmm_seq_idx": (f_cb, 2 * bc + cb + b * L * 4),
     }
 
 
-def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int) -> list[dict[str, Any]]:
+
+def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
+                 stages: Collection[str]) -> list[dict[str, Any]]:
     i = SSDInputs.make(mixer_dims(shape), dtype, "cuda", 0)
+    # The same inputs with packed sequences (seq_idx is drawn from its own generator).
+    s = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, dtype, "cuda", 0)
     Q = i.chunk_size
     dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
-    states = chunk_state._launch(i.B, i.x, dt_out, dA, None)
-    prev, _final = state_passing._launch(states, dA, None, None, dtype)
-    cb = bmm._launch(i.C, i.B, Q, None)
+    # The intermediates one stage reads, from our own earlier stages (only when a stage needs them).
+    if set(stages) & {"chunk_state", "state_passing", "chunk_state_passing", "chunk_scan", "chunk_scan_fused_bmm"}:
+        states = chunk_state._launch(i.B, i.x, dt_out, dA, None)
+        prev, _final = state_passing._launch(states, dA, None, None, dtype)
+        cb = bmm._launch(i.C, i.B, Q, None)
+    else:
+        states = prev = cb = None
     ours: dict[str, Callable[[], Any]] = {
         "chunk_cumsum": lambda: chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit),
         "chunk_state": lambda: chunk_state._launch(i.B, i.x, dt_out, dA, None),
         "state_passing": lambda: state_passing._launch(states, dA, None, None, dtype),
         "chunk_state_passing": lambda: chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype),
         "bmm": lambda: bmm._launch(i.C, i.B, Q, None),
+        "bmm_seq_idx": lambda: bmm._launch(s.C, s.B, Q, s.seq_idx),
         "chunk_scan": lambda: chunk_scan._launch(i.x, cb, None, i.C, dt_out, dA, prev, i.D, None, None),
         "chunk_scan_fused_bmm": lambda: chunk_scan._launch(i.x, None, i.B, i.C, dt_out, dA, prev, i.D, None, None),
         "total": lambda: combined.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
@@ -86,13 +99,14 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
                                                         fuse_state_passing=False, **i.kwargs()),
         "total_fused_state_passing": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
                                                                   fuse_state_passing=True, **i.kwargs()),
+        "total_seq_idx": lambda: combined.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
     }
     base: dict[str, Callable[[], Any]] = {}
     found = mamba_ssm_ops()
     baseline_name = None
     if found is not None:
         mods, baseline_name = found
-        flat = states.view(*states.shape[:3], -1)
+        flat = None if states is None else states.view(*states.shape[:3], -1)
         dA_last = dA[..., -1]
         cs, sp, bm, sc, cmb = (mods["chunk_state"], mods["state_passing"], mods["bmm"], mods["chunk_scan"],
                                mods["combined"])
@@ -105,10 +119,12 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
                 cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True).view(flat.shape), dA_last,
                 chunk_size=Q, out_dtype=dtype),
             "bmm": lambda: bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32),
+            "bmm_seq_idx": lambda: bm._bmm_chunk_fwd(s.C, s.B, Q, seq_idx=s.seq_idx, output_dtype=torch.float32),
             "chunk_scan": lambda: sc._chunk_scan_fwd(cb, i.x, dt_out, dA, i.C, prev, D=i.D),
             "chunk_scan_fused_bmm": lambda: sc._chunk_scan_fwd(
                 bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32), i.x, dt_out, dA, i.C, prev, D=i.D),
             "total": lambda: cmb.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
+            "total_seq_idx": lambda: cmb.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
         }
         for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
             base[name] = base["total"]
@@ -118,6 +134,8 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
                   f"ngroups={shape.ngroups} dstate={shape.dstate} chunk_size={shape.chunk_size}")
     rows = []
     for stage, fn in ours.items():
+        if stage not in stages:
+            continue
         ours_ms = _median_ms(fn, rep_ms)
         flops, nbytes = work[stage if stage in work else "total"]
         row: dict[str, Any] = {
@@ -130,23 +148,29 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int)
             row["baseline_ms"] = _median_ms(base[stage], rep_ms)
             row["ratio"] = row["baseline_ms"] / ours_ms
         rows.append(row)
-    wall = {"ours_ms": wall_ms(ours["total"], 50), "baseline_ms": wall_ms(base["total"], 50) if "total" in base else None}
-    rows.append({"family": "ssd", "model": label, "stage": "total_wall", "dtype": DTYPE_NAMES[dtype],
-                 "shape": shape_text, **wall, "baseline": baseline_name,
-                 "ratio": None if wall["baseline_ms"] is None else wall["baseline_ms"] / wall["ours_ms"],
-                 "tflops": None, "gbps": None})
+    if "total_wall" in stages:
+        wall = {"ours_ms": wall_ms(ours["total"], 50),
+                "baseline_ms": wall_ms(base["total"], 50) if "total" in base else None}
+        rows.append({"family": "ssd", "model": label, "stage": "total_wall", "dtype": DTYPE_NAMES[dtype],
+                     "shape": shape_text, **wall, "baseline": baseline_name,
+                     "ratio": None if wall["baseline_ms"] is None else wall["baseline_ms"] / wall["ours_ms"],
+                     "tflops": None, "gbps": None})
     configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
     for row in rows:
         row["configs"] = configs
     return rows
 
 
-def bench_ssd(model_shapes: list[tuple[str, ModelShape]], dtype: torch.dtype, rep_ms: int = 200) -> list[dict[str, Any]]:
-    """Time every SSD stage and the whole forward, ours vs mamba-ssm, at each (label, shape). CUDA only."""
+def bench_ssd(model_shapes: list[tuple[str, ModelShape]], dtype: torch.dtype, rep_ms: int = 200,
+              stages: Collection[str] = STAGES) -> list[dict[str, Any]]:
+    """Time the SSD stages (default: all of `STAGES`) ours vs mamba-ssm at each (label, shape). CUDA only."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_ssd needs a CUDA GPU")
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown SSD stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
     with torch.no_grad():
-        return [row for label, shape in model_shapes for row in _bench_shape(label, shape, dtype, rep_ms)]
+        return [row for label, shape in model_shapes for row in _bench_shape(label, shape, dtype, rep_ms, stages)]
 
 
 if __name__ == "__main__":
