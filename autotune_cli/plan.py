@@ -36,10 +36,10 @@ def plan(spec: Spec) -> list[Combo]:
     kernels = all_kernels()
     found: dict[str, Combo] = {}
     for m in spec.models:
-        for batch, seqlen in itertools.product(m.batch, m.seqlen):
+        for batch, seqlen, packed in itertools.product(m.batch, m.seqlen, spec.packed_sequences):
             shape = ModelShape(batch=batch, seqlen=seqlen, nheads=m.nheads, headdim=m.headdim,
-                               ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size)
-            origin = f"{m.name} tp={m.tp} batch={batch} seqlen={seqlen}"
+                               ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size, packed=packed)
+            origin = f"{m.name} tp={m.tp} batch={batch} seqlen={seqlen}" + (" packed" if packed else "")
             for name in spec.kernels:
                 dims = kernels[name].dims_for(shape)
                 if dims is None:

@@ -11,6 +11,8 @@
         batch: [4]                       # optional per-model override of batch / seqlen
     batch: [2]
     seqlen: [8192, 4096]
+    packed_sequences: [false, true]      # optional, default [false]: true also tunes the SSD
+                                         #   kernels for calls with seq_idx (packed sequences)
     dtypes: [bf16]                       # bf16 | fp16 | fp32
     kernels: all                         # or a list of kernel names (mamba-tune plan lists them)
     budget:
@@ -120,6 +122,7 @@ class SpecModel(_Strict):
     models: list[ModelEntry] = Field(min_length=1)
     batch: list[PosInt] = Field(min_length=1)
     seqlen: list[PosInt] = Field(min_length=1)
+    packed_sequences: list[Annotated[bool, Field(strict=True)]] = Field(default_factory=lambda: [False], min_length=1)
     dtypes: list[DtypeName] = Field(min_length=1)
     kernels: Literal["all"] | list[str] = "all"
     budget: Budget = Budget()
@@ -146,6 +149,7 @@ class Spec(_Strict):
     sha256: str
     target: Target
     models: list[ResolvedModel]
+    packed_sequences: list[bool] = [False]
     dtypes: list[DtypeName]
     kernels: list[str]
     budget: Budget
@@ -322,6 +326,8 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
             raise fail(("kernels",), "no kernels listed (use 'all' or name at least one)")
     if len(set(model.dtypes)) != len(model.dtypes):
         raise fail(("dtypes",), f"duplicate dtypes {model.dtypes}")
+    if len(set(model.packed_sequences)) != len(model.packed_sequences):
+        raise fail(("packed_sequences",), f"duplicate values {model.packed_sequences}")
 
     tolerances = {**DEFAULT_TOLERANCES, **model.tolerances}
     return Spec(
@@ -330,6 +336,7 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         sha256=hashlib.sha256(text.encode()).hexdigest(),
         target=target,
         models=resolved,
+        packed_sequences=list(model.packed_sequences),
         dtypes=list(model.dtypes),
         kernels=kernels,
         budget=model.budget,

@@ -30,6 +30,8 @@ class ModelShape:
     ngroups: int
     dstate: int
     chunk_size: int
+    # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
+    packed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,23 @@ def test_good_spec_resolves_presets_tp_and_explicit_dims():
     assert spec.tolerances["fp32"].atol > 0  # defaults fill the dtypes not given
 
 
+def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it():
+    base = GOOD.replace("kernels: [gated_norm_fwd, gated_norm_bwd]", "kernels: all")
+    plain = plan(parse_spec(base, source="t.yaml"))
+    packed = plan(parse_spec(base.replace("dtypes: [bf16]", "packed_sequences: [false, true]\ndtypes: [bf16]"),
+                             source="t.yaml"))
+    assert all(c.dims.get("has_seq_idx", 0) == 0 for c in plain)
+    new = {c.key for c in packed} - {c.key for c in plain}
+    assert {c.kernel for c in packed if c.key in new} == {"ssd_chunk_state", "ssd_state_passing",
+                                                            "ssd_chunk_state_passing", "ssd_chunk_scan"}
+    assert all(c.dims["has_seq_idx"] == 1 for c in packed if c.key in new)
+    assert len(new) == 4 * sum(len(m.batch) * len(m.seqlen) for m in parse_spec(base, source="t.yaml").models)
+    # Kernels without seq_idx in their key (norm, F1, F4) keep one combo, now from both origins.
+    (bmm,) = [c for c in packed if c.kernel == "ssd_bmm" and c.dims["ngroups"] == 8 and c.dims["seqlen"] == 8192]
+    assert bmm.origins == ("nemotron-3-nano-30b tp=1 batch=2 seqlen=8192",
+                           "nemotron-3-nano-30b tp=1 batch=2 seqlen=8192 packed")
+
+
 @pytest.mark.parametrize(
     "text,expected",
     [
@@ -104,6 +121,10 @@ def test_good_spec_resolves_presets_tp_and_explicit_dims():
         pytest.param(_bad("  - preset: nemotron-3-nano-30b\n", "  - dims: {headdim: 64, ngroups: 1, dstate: 1, "
                           "chunk_size: 1, nheads: 2}\n    preset: nemotron-3-nano-30b\n"),
                      "t.yaml:6: models[0]: give exactly one of 'preset' or 'dims'", id="preset-and-dims"),
+        pytest.param(_bad("dtypes: [bf16]", "packed_sequences: [false, false]\ndtypes: [bf16]"),
+                     "t.yaml:13: packed_sequences: duplicate values [False, False]", id="packed-dup"),
+        pytest.param(_bad("dtypes: [bf16]", "packed_sequences: [yes please]\ndtypes: [bf16]"),
+                     "t.yaml:13: packed_sequences[0]: Input should be a valid boolean", id="packed-type"),
         pytest.param(_bad("  seed: 3\n", "  seed: 3\n  algorithm: Grid\n"),
                      "t.yaml:19: budget.algorithm: unknown search algorithm 'Grid'", id="algorithm"),
     ],

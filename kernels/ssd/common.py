@@ -133,11 +133,12 @@ def expand_D(D: torch.Tensor | None, nheads: int, headdim: int) -> torch.Tensor 
 
 def mixer_dims(shape: ModelShape) -> dict[str, int]:
     """Every dim of the call the Mamba-2 mixer makes (mamba_ssm.modules.mamba2): D per head,
-    dt_bias, dt_softplus, z applied later by the gated norm, no seq_idx, no initial states."""
+    dt_bias, dt_softplus, z applied later by the gated norm, no initial states, and seq_idx
+    only for packed sequences (`shape.packed`)."""
     return {
         "batch": shape.batch, "seqlen": shape.seqlen, "nheads": shape.nheads, "headdim": shape.headdim,
         "ngroups": shape.ngroups, "dstate": shape.dstate, "chunk_size": shape.chunk_size,
-        "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": 0,
+        "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": int(shape.packed),
         "has_initial_states": 0,
     }
 
