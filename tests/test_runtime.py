@@ -62,25 +62,25 @@ def _scan_dims(**over: int) -> dict[str, int]:
     return {**dims, **over}
 
 
-def test_ssd_nearest_varies_heads_and_groups_not_head_shape(store_for):
+def test_ssd_nearest_varies_heads_not_groups_or_head_shape(store_for):
     from kernels.ssd.bmm import SSD_BMM
     from kernels.ssd.chunk_scan import SSD_CHUNK_SCAN
 
-    assert SSD_CHUNK_SCAN.size_dims == ("batch", "seqlen", "nheads", "ngroups")
-    assert SSD_BMM.size_dims == ("batch", "seqlen", "ngroups")  # F4 has no head dim
+    assert SSD_CHUNK_SCAN.size_dims == ("batch", "seqlen", "nheads")
+    assert SSD_BMM.size_dims == ("batch", "seqlen")  # F4 has no head dim
     store, msgs = store_for(bundle(entry("ssd_chunk_scan", _scan_dims(), config=CFG_EXACT)))
     mode = runtime.Mode.nearest
 
     def config(**over: int) -> object:
         return store.resolve(SSD_CHUNK_SCAN, _scan_dims(**over), "bf16", mode).config
 
-    # Nano TP2 (32 heads, 4 groups), Nemotron-H 8B (128, 8), 47B (256, 8): Nano TP1's entry.
-    assert config(nheads=32, ngroups=4) == config(nheads=128) == config(nheads=256) == CFG_EXACT
-    assert config(nheads=32, ngroups=4, seqlen=4096) == CFG_EXACT
-    # Beyond 4x in one dim (Falcon-H1: 24 heads, 1 group), or another head shape: default.
-    assert config(nheads=24, ngroups=1) is None
+    # Nemotron-H 8B (128 heads, 8 groups) and 4x the heads: Nano TP1's entry.
+    assert config(nheads=128) == config(nheads=256) == config(nheads=128, seqlen=4096) == CFG_EXACT
+    # Beyond 4x, another group count (Nano TP2: 32 heads, 4 groups) or head shape: default.
     assert config(nheads=512) is None
-    assert config(headdim=128) is None and config(dstate=64) is None and config(chunk_size=256) is None
+    assert config(nheads=32, ngroups=4) is None and config(nheads=24, ngroups=1) is None
+    assert config(headdim=128) is None and config(dstate=256) is None and config(chunk_size=256) is None
+    assert config(has_seq_idx=1) is None
     assert msgs == []
 
 

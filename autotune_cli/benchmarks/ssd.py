@@ -71,6 +71,8 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
 
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                  stages: Collection[str]) -> list[dict[str, Any]]:
+    # Rows list the configs first resolved at this shape (a key shared with an earlier shape is listed there).
+    sources = runtime.resolutions()
     i = SSDInputs.make(mixer_dims(shape), dtype, "cuda", 0)
     # The same inputs with packed sequences (seq_idx is drawn from its own generator).
     s = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, dtype, "cuda", 0)
@@ -129,7 +131,6 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
             base[name] = base["total"]
     work = _work(shape, dtype)
-    sources = runtime.resolutions()
     shape_text = (f"batch={shape.batch} seqlen={shape.seqlen} nheads={shape.nheads} headdim={shape.headdim} "
                   f"ngroups={shape.ngroups} dstate={shape.dstate} chunk_size={shape.chunk_size}")
     rows = []
