@@ -15,12 +15,7 @@ from autotune_cli.commands.common import DtypeChoice, err, fail, out
 from autotune_cli.presets import MODEL_PRESETS
 from kernels.bundle import write_text_atomic
 from kernels.registry import DTYPES, ModelShape
-
-
-class ConfigMode(str, enum.Enum):
-    exact = "exact"
-    nearest = "nearest"
-    default = "default"
+from kernels.runtime import Mode as ConfigMode
 
 
 class Family(str, enum.Enum):
