@@ -16,6 +16,7 @@ tflops and gbps of ours (useful work over ours_ms), plus shape and config proven
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -68,14 +69,16 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
     }
 
 
-
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                  stages: Collection[str]) -> list[dict[str, Any]]:
     # Rows list the configs first resolved at this shape (a key shared with an earlier shape is listed there).
     sources = runtime.resolutions()
     i = SSDInputs.make(mixer_dims(shape), dtype, "cuda", 0)
-    # The same inputs with packed sequences (seq_idx is drawn from its own generator).
-    s = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, dtype, "cuda", 0)
+    s = i  # packed sequences: the same tensors plus seq_idx, made only when a seq_idx row is asked for
+    if set(stages) & {"bmm_seq_idx", "total_seq_idx"}:
+        # make() draws seq_idx after every other input, so the one draw it adds is all we keep.
+        packed = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, dtype, "cpu", 0)
+        s = dataclasses.replace(i, seq_idx=packed.seq_idx.to("cuda"))
     Q = i.chunk_size
     dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
     # The intermediates one stage reads, from our own earlier stages (only when a stage needs them).
