@@ -105,6 +105,19 @@ def describe_entry(e: Entry) -> str:
     return text + ")"
 
 
+# Helion runs a config first in its own process only in this precompile mode.
+ISOLATED_ENV = ("HELION_AUTOTUNE_PRECOMPILE", "spawn")
+
+
+def isolated_retry(result: dict[str, Any], isolated: bool, environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Retry a combo in a fresh worker with spawn precompile? Yes when a config broke the
+    worker's CUDA context mid-search (the worker says `context_lost`) and the crashed run
+    was not already isolated: in spawn mode every config runs first in a child process,
+    and one that crashes there is skipped instead of ending the search."""
+    name, value = ISOLATED_ENV
+    return bool(result.get("context_lost")) and not isolated and environ.get(name) != value
+
+
 @dataclasses.dataclass
 class _Running:
     combo: Combo
@@ -115,6 +128,7 @@ class _Running:
     log_path: Path
     started: float
     deadline: float
+    isolated: bool = False
 
     @property
     def result_path(self) -> Path:
@@ -244,8 +258,9 @@ class Sweep:
         return 2 * search + 600
 
     def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
-               warm_start: dict[str, Any] | None = None) -> _Running:
-        workdir = tmp / f"combo-{index:04d}"
+               warm_start: dict[str, Any] | None = None, isolated: bool = False) -> _Running:
+        tag = "-isolated" if isolated else ""
+        workdir = tmp / f"combo-{index:04d}{tag}"
         workdir.mkdir()
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
                "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
@@ -258,7 +273,9 @@ class Sweep:
             child_env["HELION_INTERPRET"] = "1"
         elif slot is not None:
             child_env["CUDA_VISIBLE_DEVICES"] = str(slot)
-        log_path = log_dir / f"{index:04d}-{combo.kernel}.log"
+        if isolated:
+            child_env[ISOLATED_ENV[0]] = ISOLATED_ENV[1]
+        log_path = log_dir / f"{index:04d}-{combo.kernel}{tag}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "autotune_cli.worker", str(workdir / "job.json"),
@@ -267,26 +284,39 @@ class Sweep:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         now = time.monotonic()
-        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout())
+        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated)
 
     @staticmethod
-    def _kill(run: _Running) -> None:
+    def _kill(run: _Running, dump_stacks: bool = False) -> None:
+        if dump_stacks and hasattr(signal, "SIGUSR1"):
+            # The worker writes every thread's stack to its log (faulthandler), then dies.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                run.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.proc.wait(timeout=3)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
 
+    def _result(self, run: _Running) -> dict[str, Any] | None:
+        try:
+            return json.loads(run.result_path.read_text())
+        except (OSError, ValueError):
+            return None
+
     def _collect(self, run: _Running, timed_out: bool) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
         combo = run.combo
+        note = f" (retried with {'='.join(ISOLATED_ENV)})" if run.isolated else ""
 
         def fail(reason: str) -> tuple[None, Failure, None]:
-            return None, Failure(kernel=combo.kernel, dims=combo.dims, dtype=combo.dtype, reason=reason,
+            return None, Failure(kernel=combo.kernel, dims=combo.dims, dtype=combo.dtype, reason=reason + note,
                                  at=env.now()), None
 
         if timed_out:
-            return fail(f"worker timed out after {_fmt_s(self._timeout())} (log: {run.log_path})")
-        try:
-            result = json.loads(run.result_path.read_text())
-        except (OSError, ValueError):
+            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks are at the end of "
+                        f"the log (log: {run.log_path})")
+        result = self._result(run)
+        if result is None:
             tail = _tail(run.log_path)
             return fail(f"worker exited with code {run.proc.returncode} and no result (log: {run.log_path}){tail}")
         if "error" in result:
@@ -345,7 +375,7 @@ class Sweep:
             write_bundle(cur, path)
             base = cur
 
-        queue = list(enumerate(todo, start=1))
+        queue = [(i, c, False) for i, c in enumerate(todo, start=1)]
         running: list[_Running] = []
         free: list[int | None] = list(slots)
         t0 = time.monotonic()
@@ -366,11 +396,11 @@ class Sweep:
             try:
                 while queue or running:
                     while queue and free:
-                        i, combo = queue.pop(0)
+                        i, combo, isolated = queue.pop(0)
                         slot = free.pop(0)
                         # A re-tuned key starts its search from the config it has now.
                         warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
-                        running.append(self._start(combo, i, slot, tmp, log_dir, warm))
+                        running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
                     time.sleep(0.5)
                     now = time.monotonic()
                     for run in list(running):
@@ -378,9 +408,16 @@ class Sweep:
                         if run.proc.poll() is None and not timed_out:
                             continue
                         if timed_out:
-                            self._kill(run)
+                            self._kill(run, dump_stacks=True)
                         running.remove(run)
                         free.append(run.slot)
+                        result = None if timed_out else self._result(run)
+                        if result is not None and isolated_retry(result, run.isolated, os.environ):
+                            con.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
+                                      f"({str(result.get('error', ''))[:160].splitlines()[0]}); retrying in a fresh "
+                                      f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
+                            queue.insert(0, (run.index, run.combo, True))
+                            continue
                         entry, failure, kprov = self._collect(run, timed_out)
                         save(entry, failure, kprov)
                         took = now - run.started

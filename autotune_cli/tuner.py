@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import helion
 import torch
 
 from autotune_cli.environment import now
@@ -25,6 +26,14 @@ from kernels.registry import DTYPES, Problem, TunableKernel, get
 
 class TuneFailure(Exception):
     """A combo that produced no usable config; the message is the recorded reason."""
+
+
+class ContextLost(TuneFailure):
+    """A config hit an unrecoverable CUDA error (illegal or misaligned address) in this
+    process: the CUDA context is gone, so the search cannot go on here. Helion benchmarks
+    configs in a killable subprocess only for kernels that write none of their arguments;
+    the others run in-process unless precompile is `spawn` (each config first runs in its
+    own process, and one that crashes there is skipped)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +143,6 @@ class _Heartbeat:
 def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: dict[str, Any] | None) -> list[Any]:
     """The search's hand-picked starting points: the config already in the bundle for this
     key (a re-tune starts from what it has), then the kernel's own seeds for these dims."""
-    import helion
-
     raw = ([warm_start] if warm_start else []) + (tk.seed_configs(dims) if tk.seed_configs else [])
     return [helion.Config.from_dict(c) for c in raw]
 
@@ -218,6 +225,8 @@ def tune(
                 seeds = seed_configs(tk, dims, warm_start)
                 best, tried = _search(tk, bound, problem, budget, hb, seeds)
             except Exception as e:  # a search that finds nothing usable
+                if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
+                    raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
                 return failure(f"autotune failed: {type(e).__name__}: {e}")
         seconds = time.perf_counter() - t0
 

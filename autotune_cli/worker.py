@@ -4,15 +4,23 @@
 
 The sweep starts one worker per combo, pinned to one GPU with CUDA_VISIBLE_DEVICES.
 Exit code 0 with a result file (entry or failure); anything else is a crash the parent
-records as a failure.
+records as a failure. A result with `context_lost` says a config broke the CUDA context
+mid-search; the sweep may retry the combo in a fresh worker (see sweep.isolated_retry).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import traceback
+
+# A worker the sweep gives up on (timeout) gets SIGUSR1 first: every thread's stack goes
+# to the log, so a hung search says where it hung. Registered before the heavy imports.
+if hasattr(signal, "SIGUSR1"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +29,7 @@ def main(argv: list[str]) -> int:
     with open(job_path) as f:
         job = json.load(f)
     from autotune_cli.spec import Budget, Tolerance
-    from autotune_cli.tuner import TuneFailure, tune
+    from autotune_cli.tuner import ContextLost, TuneFailure, tune
 
     try:
         outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
@@ -32,6 +40,8 @@ def main(argv: list[str]) -> int:
             "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),
             "kernel": outcome.kernel.model_dump(mode="json"),
         }
+    except ContextLost as e:
+        result = {"error": str(e), "context_lost": True}
     except TuneFailure as e:
         result = {"error": str(e)}
     except Exception as e:

@@ -98,7 +98,7 @@ def test_lock_held_by_another_process(tmp_path):
 
 
 def test_worker_failure_is_recorded_and_exits_1(tmp_path):
-    """A combo whose worker dies (timeout) is a recorded failure; the others still land."""
+    """A combo whose worker hangs past the timeout is a recorded failure, with its stacks in the log."""
     out = tmp_path / "out"
     r = subprocess.run(sweep_cmd(out, "--timeout", "1", spec=small_spec(tmp_path)), env=env(),
                        capture_output=True, text=True, timeout=600)
@@ -107,6 +107,11 @@ def test_worker_failure_is_recorded_and_exits_1(tmp_path):
     assert len(b["failures"]) == 4 and not b["entries"]
     assert all("timed out" in f["reason"] for f in b["failures"].values())
     assert "4 combo(s) failed" in r.stderr
+    # Before the kill, each worker wrote its threads' stacks to its log (SIGUSR1, faulthandler).
+    logs = sorted((out / "logs" / "cpu" / "tiny").glob("*.log"))
+    assert len(logs) == 4
+    for log in logs:
+        assert "most recent call first" in log.read_text(), log
 
 
 def test_origin_filter_tunes_only_that_shape(tmp_path):
