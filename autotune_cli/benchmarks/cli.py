@@ -106,7 +106,7 @@ def bench_command(
         err.print(f"runtime config lookup after the first call: {header['lookup_us']:.2f} us")
     table = Table(title=f"ours vs mamba-ssm, batch {batch}, seqlen {seqlen}, {dtype.value}")
     cols = ("model", "op", "shape", "ours ms", "ours GB/s", "mamba-ssm ms", "mamba-ssm GB/s", "speedup",
-            "ours wall ms", "mamba-ssm wall ms", "config")
+            "ours wall ms", "mamba-ssm wall ms", "ours graph ms", "mamba-ssm graph ms", "config")
     for c in cols:
         table.add_column(c, overflow="fold")
 
@@ -118,7 +118,8 @@ def bench_command(
                       f(r.get("ours_ms"), ".4f"), f(r.get("ours_gbps"), ".0f"), f(r.get("baseline_ms"), ".4f"),
                       f(r.get("baseline_gbps"), ".0f"),
                       f(r.get("speedup", r.get("ratio")), ".2f") + ("x" if r.get("speedup", r.get("ratio")) else ""),
-                      f(r.get("ours_wall_ms"), ".4f"), f(r.get("baseline_wall_ms"), ".4f"), str(r.get("config", "")))
+                      f(r.get("ours_wall_ms"), ".4f"), f(r.get("baseline_wall_ms"), ".4f"),
+                      f(r.get("ours_graph_ms"), ".4f"), f(r.get("baseline_graph_ms"), ".4f"), str(r.get("config", "")))
     out.print(table)
     if json_out is not None:
         write_results(json_out, header, rows, complete=True)

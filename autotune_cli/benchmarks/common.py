@@ -11,7 +11,7 @@ import torch
 # The rows `bench --family ssd` can time (benchmarks/ssd.py documents each).
 SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
               "chunk_scan", "chunk_scan_fused_bmm", "total", "total_split", "total_fused_bmm",
-              "total_fused_state_passing", "total_seq_idx", "total_wall")
+              "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph")
 
 
 def kernel_ms(fn: Callable[[], Any]) -> float:
@@ -33,6 +33,39 @@ def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) * 1e3 / iters)
     return best
+
+
+def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | None:
+    """Time per call (ms) of `calls` back-to-back calls captured in one CUDA graph and replayed:
+    what wall time would be with no host work (L2 warm between calls, as in `wall_ms`).
+    Median of `reps` replays. None if the calls cannot be captured."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return sorted(times)[len(times) // 2]
 
 
 def copy_gbps(nbytes: int = 2 << 30) -> float:

@@ -5,7 +5,9 @@ dt_bias, dt_softplus, no z, no seq_idx, no initial states, at the given model sh
 Each stage is timed on the same intermediate tensors for both sides (ours from F1), with
 `triton.testing.do_bench` medians (L2 flushed between runs). "total" is the whole public
 call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
-and host work included). Ours is also timed with each fusion switched on (F2 + F3 in one
+and host work included); "total_graph" is the same back-to-back calls replayed from a CUDA
+graph (no host work: with total_wall, it splits wall time into GPU time and host cost;
+None for a side that cannot be captured). Ours is also timed with each fusion switched on (F2 + F3 in one
 sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion replaces.
 "bmm_seq_idx" and "total_seq_idx" repeat F4 and the whole call with packed sequences
 (seq_idx with 4 sequences per row, both sides): ours then masks C B^T after F4 (bmm.py).
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
-from autotune_cli.benchmarks.common import wall_ms
+from autotune_cli.benchmarks.common import graph_ms, wall_ms
 from kernels import runtime
 from kernels.registry import DTYPE_NAMES, ModelShape
 from kernels.ssd import (
@@ -159,6 +161,12 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                      "shape": shape_text, **wall, "baseline": baseline_name,
                      "ratio": None if wall["baseline_ms"] is None else wall["baseline_ms"] / wall["ours_ms"],
                      "tflops": None, "gbps": None})
+    if "total_graph" in stages:
+        graph = {"ours_ms": graph_ms(ours["total"]), "baseline_ms": graph_ms(base["total"]) if "total" in base else None}
+        rows.append({"family": "ssd", "model": label, "stage": "total_graph", "dtype": DTYPE_NAMES[dtype],
+                     "shape": shape_text, **graph, "baseline": baseline_name,
+                     "ratio": None if graph["baseline_ms"] is None or graph["ours_ms"] is None
+                     else graph["baseline_ms"] / graph["ours_ms"], "tflops": None, "gbps": None})
     configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
     for row in rows:
         row["configs"] = configs
