@@ -18,9 +18,12 @@ import sys
 import traceback
 
 # A worker the sweep gives up on (timeout) gets SIGUSR1 first: every thread's stack goes
-# to the log, so a hung search says where it hung. Registered before the heavy imports.
+# to the log, so a hung search says where it hung. Registered before the heavy imports, on
+# a copy of the log's descriptor: Helion points fd 2 at a temporary file while it compiles
+# and runs configs (autotuner.logger.capture_output), which is when a search hangs.
 if hasattr(signal, "SIGUSR1"):
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _STACKS_TO = os.fdopen(os.dup(2), "w")
+    faulthandler.register(signal.SIGUSR1, file=_STACKS_TO, all_threads=True)
 
 
 def main(argv: list[str]) -> int:
