@@ -94,8 +94,10 @@ def test_verify_on_gpu(tmp_path: Path) -> None:
     good = Bundle(provenance=prov, entries={o.entry.key: o.entry for o in outcomes if o.entry})
     path = tmp_path / "tiny.json"
     write_bundle(good, path)
-    # Tiny kernels time in microseconds: a wide regression margin keeps this about the flow.
-    res = runner.invoke(app, ["verify", str(path), "--json-out", str(tmp_path / "v.json"), "--regression-pct", "200"])
+    # Tiny kernels time in microseconds and are host-bound: on a shared H200 host the 12 us norm
+    # backward re-timed at 38 us seconds later (session 5). A wide regression margin keeps this
+    # about the flow; the /100 case below checks that a regression is caught.
+    res = runner.invoke(app, ["verify", str(path), "--json-out", str(tmp_path / "v.json"), "--regression-pct", "1000"])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "v.json").read_text())
     assert data["ok"] and len(data["entries"]) == 2
