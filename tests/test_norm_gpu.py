@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from autotune_cli.benchmarks.common import capture
 from kernels import layernorm_fn, rmsnorm_fn, runtime
 from kernels.reference import gated_norm_ref
 
@@ -135,14 +136,7 @@ def test_cuda_graph_capture():
         return torch.autograd.grad(out, [xr, zr, wr], dy)
 
     eager = step()  # compiles and resolves configs outside the capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, (captured,) = capture(step)
     graph.replay()
     torch.cuda.synchronize()
     for a, c in zip(eager, captured):

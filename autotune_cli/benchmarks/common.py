@@ -35,22 +35,29 @@ def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:
     return best
 
 
+def capture(fn: Callable[[], Any], calls: int = 1) -> tuple[torch.cuda.CUDAGraph, list[Any]]:
+    """Capture `calls` back-to-back calls of fn (already run once: compiled, configs resolved)
+    in one CUDA graph, after a warm-up call on a side stream as capture wants. Returns the
+    graph (not replayed yet) and the captured calls' outputs, which each replay rewrites."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = [fn() for _ in range(calls)]
+    return graph, outputs
+
+
 def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | None:
     """Time per call (ms) of `calls` back-to-back calls captured in one CUDA graph and replayed:
     what wall time would be with no host work (L2 warm between calls, as in `wall_ms`).
     Median of `reps` replays. None if the calls cannot be captured."""
     fn()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
+        graph, _ = capture(fn, calls)
     except RuntimeError:
         torch.cuda.synchronize()
         return None

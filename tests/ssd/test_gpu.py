@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune_cli.benchmarks.common import capture
 from kernels import runtime
 from kernels.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
 from kernels.registry import ModelShape, get
@@ -139,14 +140,7 @@ def test_cuda_graph_capture(options):
                                          **i.kwargs())
 
     eager = step()  # compiles and resolves configs outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, (captured,) = capture(step)
     graph.replay()
     torch.cuda.synchronize()
     for a, c in zip(eager, captured, strict=True):
