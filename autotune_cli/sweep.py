@@ -289,7 +289,7 @@ class Sweep:
     @staticmethod
     def _kill(run: _Running, dump_stacks: bool = False) -> None:
         if dump_stacks and hasattr(signal, "SIGUSR1"):
-            # The worker writes every thread's stack to its log (faulthandler), then dies.
+            # The worker writes every thread's stack to its log (faulthandler); the kill follows.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 run.proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -413,8 +413,9 @@ class Sweep:
                         free.append(run.slot)
                         result = None if timed_out else self._result(run)
                         if result is not None and isolated_retry(result, run.isolated, os.environ):
+                            first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
                             con.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
-                                      f"({str(result.get('error', ''))[:160].splitlines()[0]}); retrying in a fresh "
+                                      f"({first}); retrying in a fresh "
                                       f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
                             queue.insert(0, (run.index, run.combo, True))
                             continue
