@@ -263,7 +263,8 @@ class Sweep:
         workdir = tmp / f"combo-{index:04d}{tag}"
         workdir.mkdir()
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
-               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
+               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
+               "timeout_s": self._timeout()}
         (workdir / "job.json").write_text(json.dumps(job))
         child_env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
@@ -287,13 +288,7 @@ class Sweep:
         return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated)
 
     @staticmethod
-    def _kill(run: _Running, dump_stacks: bool = False) -> None:
-        if dump_stacks and hasattr(signal, "SIGUSR1"):
-            # The worker writes every thread's stack to its log (faulthandler); the kill follows.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                run.proc.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                run.proc.wait(timeout=3)
+    def _kill(run: _Running) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
@@ -313,8 +308,8 @@ class Sweep:
                                  at=env.now()), None
 
         if timed_out:
-            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks are at the end of "
-                        f"the log (log: {run.log_path})")
+            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks, written shortly "
+                        f"before, are at the end of the log (log: {run.log_path})")
         result = self._result(run)
         if result is None:
             tail = _tail(run.log_path)
@@ -408,7 +403,7 @@ class Sweep:
                         if run.proc.poll() is None and not timed_out:
                             continue
                         if timed_out:
-                            self._kill(run, dump_stacks=True)
+                            self._kill(run)
                         running.remove(run)
                         free.append(run.slot)
                         result = None if timed_out else self._result(run)

@@ -13,17 +13,27 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import signal
 import sys
 import traceback
 
-# A worker the sweep gives up on (timeout) gets SIGUSR1 first: every thread's stack goes
-# to the log, so a hung search says where it hung. Registered before the heavy imports, on
-# a copy of the log's descriptor: Helion points fd 2 at a temporary file while it compiles
-# and runs configs (autotuner.logger.capture_output), which is when a search hangs.
-if hasattr(signal, "SIGUSR1"):
-    _STACKS_TO = os.fdopen(os.dup(2), "w")
-    faulthandler.register(signal.SIGUSR1, file=_STACKS_TO, all_threads=True)
+# The log, as a descriptor of its own: Helion points fd 2 at a temporary file while it
+# compiles and runs configs (autotuner.logger.capture_output), which is when searches hang.
+_LOG = os.fdopen(os.dup(2), "w")
+
+
+def arm_stack_dump(timeout_s: float | None) -> float | None:
+    """Write every thread's stack to the log shortly before the sweep's deadline (10 s, or
+    half the timeout if shorter), so a worker that the sweep kills says where it was.
+
+    faulthandler's watchdog thread does it, with no signal: on the H200 a SIGUSR1 handler
+    (faulthandler.register) wrote nothing from a worker hung in Triton's make_llir, most
+    likely because LLVM's own signal handling, once installed, takes SIGUSR1 (its "info"
+    signal). This timer wrote the stacks of the same hang. Returns the delay armed."""
+    if not timeout_s or timeout_s <= 0:
+        return None
+    delay = timeout_s - min(10.0, timeout_s / 2)
+    faulthandler.dump_traceback_later(delay, file=_LOG)
+    return delay
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +41,7 @@ def main(argv: list[str]) -> int:
     status_path = argv[2] if len(argv) > 2 else None
     with open(job_path) as f:
         job = json.load(f)
+    arm_stack_dump(job.get("timeout_s"))
     from autotune_cli.spec import Budget, Tolerance
     from autotune_cli.tuner import ContextLost, TuneFailure, tune
 
