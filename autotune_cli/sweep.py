@@ -28,6 +28,7 @@ from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
+from autotune_cli.worker import STACKS_SIGNAL
 from kernels.bundle import (
     Bundle,
     BundleError,
@@ -263,8 +264,7 @@ class Sweep:
         workdir = tmp / f"combo-{index:04d}{tag}"
         workdir.mkdir()
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
-               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
-               "timeout_s": self._timeout()}
+               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
         (workdir / "job.json").write_text(json.dumps(job))
         child_env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
@@ -288,7 +288,12 @@ class Sweep:
         return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated)
 
     @staticmethod
-    def _kill(run: _Running) -> None:
+    def _kill(run: _Running, dump_stacks: bool = False) -> None:
+        if dump_stacks and STACKS_SIGNAL is not None:
+            # The worker writes every thread's stack to its log (faulthandler); the kill follows.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                run.proc.send_signal(STACKS_SIGNAL)
+            time.sleep(1.0)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
@@ -308,8 +313,8 @@ class Sweep:
                                  at=env.now()), None
 
         if timed_out:
-            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks, written shortly "
-                        f"before, are at the end of the log (log: {run.log_path})")
+            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks at that moment are "
+                        f"at the end of the log (log: {run.log_path})")
         result = self._result(run)
         if result is None:
             tail = _tail(run.log_path)
@@ -403,7 +408,7 @@ class Sweep:
                         if run.proc.poll() is None and not timed_out:
                             continue
                         if timed_out:
-                            self._kill(run)
+                            self._kill(run, dump_stacks=True)
                         running.remove(run)
                         free.append(run.slot)
                         result = None if timed_out else self._result(run)

@@ -13,35 +13,38 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import signal
 import sys
 import traceback
 
-# The log, as a descriptor of its own: Helion points fd 2 at a temporary file while it
-# compiles and runs configs (autotuner.logger.capture_output), which is when searches hang.
-_LOG = os.fdopen(os.dup(2), "w")
+# The signal on which the worker writes every thread's stack to its log; the sweep sends it
+# to a worker it is about to kill for running past its timeout. Not SIGUSR1: on the H200 a
+# SIGUSR1 sent to a worker hung in Triton's make_llir wrote nothing, most likely because
+# LLVM (inside Triton) takes SIGUSR1 as its "info" signal once its handlers are installed.
+# LLVM leaves the real-time signals alone. Not faulthandler's timer either: its watchdog thread reads the
+# main thread's frames while they change, and on the CPU it crashed workers (SIGSEGV).
+STACKS_SIGNAL: int | None = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else None
+
+_stacks_to: list[object] = []  # keeps the log's descriptor copy open for faulthandler
 
 
-def arm_stack_dump(timeout_s: float | None) -> float | None:
-    """Write every thread's stack to the log shortly before the sweep's deadline (10 s, or
-    half the timeout if shorter), so a worker that the sweep kills says where it was.
-
-    faulthandler's watchdog thread does it, with no signal: on the H200 a SIGUSR1 handler
-    (faulthandler.register) wrote nothing from a worker hung in Triton's make_llir, most
-    likely because LLVM's own signal handling, once installed, takes SIGUSR1 (its "info"
-    signal). This timer wrote the stacks of the same hang. Returns the delay armed."""
-    if not timeout_s or timeout_s <= 0:
-        return None
-    delay = timeout_s - min(10.0, timeout_s / 2)
-    faulthandler.dump_traceback_later(delay, file=_LOG)
-    return delay
+def install_stack_dump() -> None:
+    """On STACKS_SIGNAL, write every thread's stack to the log: fd 2 as it is now, through a
+    descriptor of its own, since Helion points fd 2 at a temporary file while it compiles
+    and runs configs (autotuner.logger.capture_output), which is when searches hang."""
+    if STACKS_SIGNAL is None or _stacks_to:
+        return
+    log = os.fdopen(os.dup(2), "w")
+    _stacks_to.append(log)
+    faulthandler.register(STACKS_SIGNAL, file=log, all_threads=True)
 
 
 def main(argv: list[str]) -> int:
+    install_stack_dump()
     job_path, result_path = argv[0], argv[1]
     status_path = argv[2] if len(argv) > 2 else None
     with open(job_path) as f:
         job = json.load(f)
-    arm_stack_dump(job.get("timeout_s"))
     from autotune_cli.spec import Budget, Tolerance
     from autotune_cli.tuner import ContextLost, TuneFailure, tune
 

@@ -107,7 +107,7 @@ def test_worker_failure_is_recorded_and_exits_1(tmp_path):
     assert len(b["failures"]) == 4 and not b["entries"]
     assert all("timed out" in f["reason"] for f in b["failures"].values())
     assert "4 combo(s) failed" in r.stderr
-    # Before the deadline, each worker wrote its threads' stacks to its log (its own timer).
+    # Before the kill, each worker wrote its threads' stacks to its log (worker.STACKS_SIGNAL).
     logs = sorted((out / "logs" / "cpu" / "tiny").glob("*.log"))
     assert len(logs) == 4
     for log in logs:
