@@ -298,13 +298,16 @@ class Sweep:
             os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
 
-    def _result(self, run: _Running) -> dict[str, Any] | None:
+    @staticmethod
+    def _result(run: _Running) -> dict[str, Any] | None:
         try:
             return json.loads(run.result_path.read_text())
         except (OSError, ValueError):
             return None
 
-    def _collect(self, run: _Running, timed_out: bool) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
+    def _collect(self, run: _Running, timed_out: bool, result: dict[str, Any] | None
+                 ) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
+        """The bundle record for a finished worker; `result` is its result file (None: none)."""
         combo = run.combo
         note = f" (retried with {'='.join(ISOLATED_ENV)})" if run.isolated else ""
 
@@ -315,7 +318,6 @@ class Sweep:
         if timed_out:
             return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks at that moment are "
                         f"at the end of the log (log: {run.log_path})")
-        result = self._result(run)
         if result is None:
             tail = _tail(run.log_path)
             return fail(f"worker exited with code {run.proc.returncode} and no result (log: {run.log_path}){tail}")
@@ -419,7 +421,7 @@ class Sweep:
                                       f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
                             queue.insert(0, (run.index, run.combo, True))
                             continue
-                        entry, failure, kprov = self._collect(run, timed_out)
+                        entry, failure, kprov = self._collect(run, timed_out, result)
                         save(entry, failure, kprov)
                         took = now - run.started
                         durations.append(took)
