@@ -12,14 +12,14 @@ from kernels.registry import DTYPES, ModelShape, TunableKernel, all_kernels
 
 
 def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any] | None) -> str:
-    """Generated Triton source for `config` (None: Helion's default config) at `dims`."""
+    """Generated Triton source for `config` (None: the kernel's default config) at `dims`."""
     import helion
 
     if os.environ.get("HELION_INTERPRET") == "1":
         raise RuntimeError("lowering needs compiled mode: unset HELION_INTERPRET")
     problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
     bound = tk.kernel.bind(problem.args)
-    cfg = bound.config_spec.default_config() if config is None else helion.Config.from_dict(config)
+    cfg = tk.default_for(bound, dims) if config is None else helion.Config.from_dict(config)
     return bound.to_triton_code(cfg)
 
 

@@ -148,11 +148,15 @@ def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: dict[str, 
 
 
 def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat,
-            seeds: list[Any]) -> tuple[Any, int | None]:
+            seeds: list[Any], default: Any) -> tuple[Any, int | None]:
     from helion.autotuner import search_algorithms
     from helion.autotuner.effort_profile import get_effort_profile
 
     settings = bound.settings
+    if tk.default_config is not None:
+        # Helion checks every candidate's outputs against a baseline, which it otherwise
+        # gets by compiling its own default config in this process, with no time limit.
+        settings.autotune_baseline_fn = bound.compile_config(default, allow_print=False)
     # Seeds join the first generation (Helion skips, with a log line, any that do not fit).
     settings.autotune_seed_configs = seeds or None
     settings.autotune_random_seed = budget.seed
@@ -207,7 +211,7 @@ def tune(
         raise TuneFailure("no CUDA GPU visible to the worker")
     problem = tk.make_problem(dims, dtype, device, budget.seed)
     bound = tk.kernel.bind(problem.args)
-    default = bound.config_spec.default_config()
+    default = tk.default_for(bound, dims)
     prov = KernelProvenance(source_sha256=tk.source_sha256(),
                             config_spec_fingerprint=bound.config_spec.structural_fingerprint_hash())
 
@@ -223,7 +227,7 @@ def tune(
             hb.phase = "searching"
             try:
                 seeds = seed_configs(tk, dims, warm_start)
-                best, tried = _search(tk, bound, problem, budget, hb, seeds)
+                best, tried = _search(tk, bound, problem, budget, hb, seeds, default)
             except Exception as e:  # a search that finds nothing usable
                 if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
                     raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None

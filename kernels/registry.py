@@ -93,9 +93,28 @@ class TunableKernel:
     # may leave keys out): what a person would try first. They join the search's first
     # generation; the search still covers the whole space and keeps only what it measures.
     seed_configs: Callable[[dict[str, int]], list[dict[str, Any]]] | None = None
+    # The kernel's default config at these dims (a config dict, which may leave keys out),
+    # where Helion's own default is impractical: what a shape with no tuned entry runs, the
+    # search's accuracy baseline, and what `speedup.vs_default` compares against. None:
+    # Helion's default. (Helion's default for the norm backward at a 2048-wide group puts
+    # 16 whole rows in one program's registers; Triton spent minutes compiling it.)
+    default_config: Callable[[dict[str, int]], dict[str, Any]] | None = None
 
     def source_sha256(self) -> str:
         return kernel_source_sha256(self.kernel)
+
+    def default_for(self, bound: Any, dims: dict[str, int]) -> Any:
+        """The default config (a helion.Config) for a kernel bound to arguments with these dims."""
+        import helion
+        from helion.runtime.settings import RefMode
+
+        if self.default_config is None or self.kernel.settings.ref_mode != RefMode.OFF:
+            # (In Helion ref mode no config applies, and the config spec is empty.)
+            return bound.config_spec.default_config()
+
+        config = helion.Config.from_dict(self.default_config(dims))
+        bound.config_spec.normalize(config)
+        return config
 
 
 def kernel_source_sha256(kernel: Any) -> str:

@@ -9,9 +9,9 @@ mode (`configure(mode=...)`, overridable by MAMBA_TUNE_CONFIG_MODE):
 - ``nearest`` (default): exact, else the entry of the same kernel, dtype and structural
   dims (every dim not in the kernel's ``size_dims``) whose size dims are closest in
   log-space, with each size dim within a factor of ``NEAREST_MAX_RATIO`` of the call's.
-- ``default``: ignore bundles and use Helion's default config.
+- ``default``: ignore bundles and use the kernel's default config.
 
-Whatever the mode, a call that finds no entry runs Helion's default config and warns
+Whatever the mode, a call that finds no entry runs the kernel's default config and warns
 once, naming the missing key and the command that tunes it. Bundles tuned on another
 compute capability, or for a kernel whose source has changed since, are skipped with
 one warning. Autotuning is impossible on this path: every runtime kernel is declared
@@ -67,7 +67,7 @@ def refuse_autotune(bound_kernel: Any, args: Sequence[object], **kwargs: object)
 
 @dataclasses.dataclass(frozen=True)
 class Resolution:
-    config: dict[str, Any] | None  # None: Helion's default config
+    config: dict[str, Any] | None  # None: the kernel's default config
     source: str  # "exact <bundle>", "nearest <key> <bundle>", "default"
     key: str
 
@@ -122,7 +122,7 @@ class ConfigStore:
                     self._warn(
                         f"{path}: kernel {name} changed since it was tuned (source hash "
                         f"{prov.source_sha256[:12]} != {tk.source_sha256()[:12]}); its entries are not used. "
-                        f"Re-tune with `mamba-tune sweep --force`"
+                        f"`mamba-tune sweep SPEC` re-tunes them"
                     )
             for key, entry in bundle.entries.items():
                 if entry.kernel in stale or entry.kernel not in kernels:
@@ -291,11 +291,12 @@ def _prepare(tk: TunableKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
         if res.config is None:
             cmd = tune_command(tk, tk.dims_from_args(args), _dtype_of(args))
             _RT.warn_once(
-                f"mamba-tune: no tuned config for {res.key}; running Helion's default config. Tune it with: {cmd}"
+                f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. Tune it with: {cmd}"
             )
         log.info("%s: %s", res.key, res.source)
         bound = tk.kernel.bind(tuple(args))
-        config = bound.config_spec.default_config() if res.config is None else _to_config(res.config)
+        dims = tk.dims_from_args(args)
+        config = tk.default_for(bound, dims) if res.config is None else _to_config(res.config)
         fn = bound.compile_config(config, allow_print=False)
     _RT.compiled[(tk.name, sig)] = fn
     return fn

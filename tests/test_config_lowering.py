@@ -48,6 +48,34 @@ def test_every_norm_variant_lowers(clean_env):
     assert r.returncode == 0 and "all variants lower" in r.stdout, (r.stdout + r.stderr)[-4000:]
 
 
+NORM_DEFAULTS = """
+import helion, torch
+from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
+from kernels.registry import get
+dims = dict(rows=256, d=4096, group_size=512, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
+for tk in (GATED_NORM_FWD, GATED_NORM_BWD):
+    bound = tk.kernel.bind(tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args)
+    default = tk.default_for(bound, dims)
+    seed = tk.seed_configs(dims)[0]
+    assert isinstance(default, helion.Config) and {k: default[k] for k in seed} == seed, (tk.name, default)
+# Helion's own steps 16 rows of all 8 groups at once.
+assert bound.config_spec.default_config()["block_sizes"][1] == 8 and default["block_sizes"][1] == 1
+tk = get("ssd_chunk_cumsum")
+dims = dict(batch=2, seqlen=512, nheads=8, chunk_size=128, has_dt_bias=1, dt_softplus=1)
+bound = tk.kernel.bind(tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args)
+assert tk.default_config is None and tk.default_for(bound, dims) == bound.config_spec.default_config()
+print("defaults ok")
+"""
+
+
+def test_norm_kernels_name_their_default_and_the_others_use_helions(clean_env):
+    # What a shape with no entry runs, the search's accuracy baseline, and vs_default's
+    # reference: Helion's default for the norm backward compiled for minutes at 47B.
+    r = subprocess.run([sys.executable, "-c", NORM_DEFAULTS], env=clean_env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "defaults ok" in r.stdout, (r.stdout + r.stderr)[-4000:]
+
+
 def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
     import json
 

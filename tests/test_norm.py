@@ -111,6 +111,19 @@ def test_leading_dims_and_noncontiguous_inputs():
     torch.testing.assert_close(got, gated_norm_ref(x, w, None, z, 1e-6, 32, True, True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "ln"])
+def test_forward_allocates_mean_only_for_layernorm(is_rms):
+    # RMS calls hand back rstd in mean's place (one allocation less on the host path).
+    from kernels.norm.gated import gated_norm_fwd_kernel
+
+    x, z, w, _, _ = _inputs(8, 64, torch.bfloat16, torch.float32, True, False)
+    out, mean, rstd = gated_norm_fwd_kernel(x.view(8, 2, 32), z.view(8, 2, 32), w.view(2, 32), None, 1e-6,
+                                            True, is_rms)
+    assert (mean.data_ptr() == rstd.data_ptr()) == is_rms
+    if not is_rms:
+        torch.testing.assert_close(mean, x.float().view(8, 2, 32).mean(-1))
+
+
 def test_backward_is_bitwise_deterministic():
     x, z, w, b, dy = _inputs(300, 128, torch.bfloat16, torch.float32, True, True, seed=3)
     runs = []

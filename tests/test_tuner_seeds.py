@@ -27,3 +27,4 @@ def test_every_kernel_has_seeds_at_a_real_shape():
     for tk in all_kernels().values():
         dims = tk.dims_for(LOWERING_SHAPES[-1])
         assert tk.seed_configs is not None and tk.seed_configs(dims), tk.name
+

@@ -50,7 +50,7 @@ def bench_command(
     ssd_stage: Annotated[list[str] | None, typer.Option(
         help="SSD rows to time (repeatable; default: all). E.g. total, total_wall, total_seq_idx, bmm.")] = None,
     config_mode: Annotated[ConfigMode | None, typer.Option(
-        help="Config lookup: exact, nearest (the default) or default (Helion's default configs).")] = None,
+        help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
     from autotune_cli.benchmarks.common import SSD_STAGES

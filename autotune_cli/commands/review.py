@@ -139,7 +139,7 @@ def verify_command(
     json_out: Annotated[Path | None, typer.Option(help="Also write the results (GPU, versions, per-entry timings "
                                                        "and errors) as JSON to this file.", dir_okay=False)] = None,
     noise_pct: Annotated[float, typer.Option(
-        min=0.0, help="The tuned config fails if it is slower than Helion's default config by more than this "
+        min=0.0, help="The tuned config fails if it is slower than the kernel's default config by more than this "
                       "many percent (timing noise).")] = 3.0,
     regression_pct: Annotated[float, typer.Option(
         min=0.0, help="The tuned config fails if it is slower than its recorded tuned_ms by more than this "
@@ -152,7 +152,7 @@ def verify_command(
         min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
                     "checked it).")] = None,
 ) -> None:
-    """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats Helion's default config."""
+    """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats the kernel's default config."""
     from autotune_cli.review import verify as v
 
     try:

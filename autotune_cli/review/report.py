@@ -1,7 +1,7 @@
 """A bundle as pictures and a page: speedup bar charts (PNG) and DIR/report.md.
 
 One figure per kernel: for each tuned shape, the speedup of the tuned config over
-Helion's default config and over the baseline (mamba-ssm), with 1.0x drawn in. Shapes
+the kernel's default config and over the baseline (mamba-ssm), with 1.0x drawn in. Shapes
 are labeled by the dims that vary between the kernel's entries. report.md embeds the
 figures and holds the table of entries, the failures and the provenance.
 
@@ -62,7 +62,7 @@ def _baseline_name(entries: list[Entry]) -> str:
 
 
 def plot_kernel(kernel: str, entries: list[Entry], gpu_name: str, path: Path) -> None:
-    """Grouped bars: speedup vs Helion's default config and vs the baseline, per shape."""
+    """Grouped bars: speedup vs the kernel's default config and vs the baseline, per shape."""
     Figure = _figure_class()
     labels = shape_labels(entries)
     vs_default = [e.speedup.vs_default for e in entries]
@@ -74,7 +74,7 @@ def plot_kernel(kernel: str, entries: list[Entry], gpu_name: str, path: Path) ->
     width = 0.38 if has_base else 0.6
     xs = list(range(n))
     left = [x - width / 2 for x in xs] if has_base else xs
-    bars = ax.bar(left, vs_default, width, label="vs Helion default config", color="#4C72B0")
+    bars = ax.bar(left, vs_default, width, label="vs the default config", color="#4C72B0")
     ax.bar_label(bars, labels=[f"{v:.2f}x" for v in vs_default], fontsize=8, padding=2)
     if has_base:
         heights = [math.nan if v is None else v for v in vs_base]
@@ -119,7 +119,7 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
         "",
         f"Bundle `{source}`: {len(bundle.entries)} entries over {len(groups)} kernel(s), "
         f"{len(bundle.failures)} failure(s). Geometric-mean speedup of the tuned configs: "
-        f"{_x(gd)} vs Helion's default config"
+        f"{_x(gd)} vs the kernel's default config"
         + (f", {_x(gb)} vs the baseline ({len(all_base)} entries with a baseline)." if gb else "."),
         "",
     ]

@@ -6,7 +6,7 @@ For each entry, on the current CUDA device:
 2. it passes the numerics check against the fp32 reference with the tolerance the entry
    was accepted with (entry.accuracy: err <= factor * err(eager torch in dtype) + atol),
    on the inputs the tuner checked it on (seed = entry.search.seed + 1, unless --seed);
-3. it is not slower than Helion's default config beyond a noise margin (both timed now,
+3. it is not slower than the kernel's default config beyond a noise margin (both timed now,
    with the same do_bench as the tuner, on the whole op: kernel plus host epilogue);
 4. it is not slower than its recorded tuned_ms beyond a regression margin: what a
    helion, triton, torch or driver upgrade does to a config shows up here.
@@ -107,7 +107,7 @@ def timing_reasons(entry: Entry, tuned_ms: float, default_ms: float, same_as_def
     """Why the timings measured now fail the entry (empty: they pass)."""
     reasons: list[str] = []
     if not same_as_default and tuned_ms > default_ms * (1.0 + margins.noise_pct / 100.0):
-        reasons.append(f"slower than Helion's default config: {tuned_ms:.4f} ms vs {default_ms:.4f} ms "
+        reasons.append(f"slower than the kernel's default config: {tuned_ms:.4f} ms vs {default_ms:.4f} ms "
                        f"(+{(tuned_ms / default_ms - 1) * 100:.1f}%, margin {margins.noise_pct:g}%)")
     recorded = entry.timing.tuned_ms
     if tuned_ms > recorded * (1.0 + margins.regression_pct / 100.0):
@@ -172,7 +172,7 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
         problem = tk.make_problem(entry.dims, dtype, device, entry.search.seed)
         check = tk.make_problem(entry.dims, dtype, device, check_seed)
         bound = tk.kernel.bind(problem.args)
-        default = bound.config_spec.default_config()
+        default = tk.default_for(bound, entry.dims)
         config = helion.Config.from_dict(entry.config)
         res.same_as_default = config == default
     except Exception as e:  # bad dims for this kernel, inputs that do not fit: a finding

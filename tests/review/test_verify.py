@@ -27,10 +27,10 @@ def test_target_problem() -> None:
 @pytest.mark.parametrize(("tuned", "default", "same", "want"), [
     (0.100, 0.150, False, []),
     (0.102, 0.100, False, []),  # 2% slower than default: within the 3% noise margin
-    (0.104, 0.100, False, ["slower than Helion's default config"]),
+    (0.104, 0.100, False, ["slower than the kernel's default config"]),
     (0.104, 0.104, True, []),  # the tuned config is the default one: no comparison
     (0.115, 0.200, False, ["regressed vs the recorded timing"]),  # recorded 0.100, +15% > 10%
-    (0.130, 0.120, False, ["slower than Helion's default config", "regressed vs the recorded timing"]),
+    (0.130, 0.120, False, ["slower than the kernel's default config", "regressed vs the recorded timing"]),
 ], ids=["faster", "within-noise", "slower-than-default", "is-default", "regressed", "both"])
 def test_timing_reasons(tuned: float, default: float, same: bool, want: list[str]) -> None:
     e = fx.entry(tuned=0.100, default=0.150)
@@ -74,7 +74,7 @@ def test_bad_inputs(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_verify_on_gpu(tmp_path: Path) -> None:
-    """Tune the tiny spec's norm combos with Helion's default config (effort none), then verify
+    """Tune the tiny spec's norm combos with their default configs (effort none), then verify
     them for real: all pass; a config that cannot compile and a recorded time that is far too
     fast are caught."""
     from autotune_cli import environment as env
