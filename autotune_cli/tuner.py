@@ -167,11 +167,28 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     cls = search_algorithms[budget.algorithm]
     kwargs = cls.get_kwargs_from_profile(get_effort_profile(budget.effort), settings)
     search = cls(bound, problem.args, **kwargs)
+    if tk.default_config is not None:
+        _search_default(search, default)
     _budget_after_setup(search)
     hb.search = search
     best = search.autotune(skip_cache=True)
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
+
+
+def _search_default(search: Any, default: Any) -> None:
+    """Make the kernel's own default the one Helion's search starts from.
+
+    Helion 1.5.0 puts its default config in the first generation next to the seeds and
+    compiles them together. At 47B's norm backward its default hit the 60 s compile timeout,
+    which ran the whole 40 s budget out before any seed was timed (NoConfigFound). Private
+    API: if Helion renames it, the search keeps Helion's default.
+    """
+    gen = getattr(search, "config_gen", None)
+    if gen is None or not hasattr(gen, "default_flat"):
+        return
+    flat = gen.flatten(default)
+    gen.default_flat = lambda: list(flat)
 
 
 def _budget_after_setup(search: Any) -> None:

@@ -54,12 +54,23 @@ from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
 from kernels.registry import get
 dims = dict(rows=256, d=4096, group_size=512, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
 for tk in (GATED_NORM_FWD, GATED_NORM_BWD):
-    bound = tk.kernel.bind(tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args)
+    bound_args = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args
+    bound = tk.kernel.bind(bound_args)
     default = tk.default_for(bound, dims)
     seed = tk.seed_configs(dims)[0]
     assert isinstance(default, helion.Config) and {k: default[k] for k in seed} == seed, (tk.name, default)
 # Helion's own steps 16 rows of all 8 groups at once.
 assert bound.config_spec.default_config()["block_sizes"][1] == 8 and default["block_sizes"][1] == 1
+# The search starts from the kernel's default, not Helion's (which it compiles with the seeds).
+from helion.autotuner import search_algorithms
+from helion.autotuner.effort_profile import get_effort_profile
+from autotune_cli.tuner import _search_default
+cls = search_algorithms["LFBOTreeSearch"]
+search = cls(bound, bound_args, **cls.get_kwargs_from_profile(get_effort_profile("quick"), bound.settings))
+gen = search.config_gen
+assert gen.unflatten(gen.default_flat()) != default
+_search_default(search, default)
+assert gen.unflatten(gen.default_flat()) == default
 tk = get("ssd_chunk_cumsum")
 dims = dict(batch=2, seqlen=512, nheads=8, chunk_size=128, has_dt_bias=1, dt_softplus=1)
 bound = tk.kernel.bind(tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args)
