@@ -288,14 +288,14 @@ def _prepare(tk: TunableKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
     else:
         res = resolve(tk, args)
         _RT.resolutions[(tk.name, sig)] = res
+        dims = tk.dims_from_args(args)
         if res.config is None:
-            cmd = tune_command(tk, tk.dims_from_args(args), _dtype_of(args))
+            cmd = tune_command(tk, dims, _dtype_of(args))
             _RT.warn_once(
                 f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. Tune it with: {cmd}"
             )
         log.info("%s: %s", res.key, res.source)
         bound = tk.kernel.bind(tuple(args))
-        dims = tk.dims_from_args(args)
         config = tk.default_for(bound, dims) if res.config is None else _to_config(res.config)
         fn = bound.compile_config(config, allow_print=False)
     _RT.compiled[(tk.name, sig)] = fn
