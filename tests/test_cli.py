@@ -163,3 +163,26 @@ def test_bench_rejects_bad_stage_arguments_before_touching_a_gpu(tmp_path, args,
     assert r.exit_code == 2
     assert message in r.output and len(r.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "../escape"], "--name '../escape' is not a safe file name"),
+    (["--name", "{tmp}/abs"], "/abs' is not a safe file name"),
+    (["--dims", "batch=1,seqlen=64,ngroups=1,dstate=16,chunk_size=24"],
+     "--dims: chunk_size=24: the kernels need a power of two in 16..256"),
+    (["--dims", "batch=4096,seqlen=1048576,ngroups=8,dstate=128,chunk_size=64"],
+     "--dims: B (batch, seqlen, ngroups, dstate) has 4,398,046,511,104 elements, over 2**31 - 1"),
+])
+def test_tune_rejects_unsafe_names_and_impossible_dims_writing_nothing(tmp_path, args, message):
+    out = tmp_path / "out"
+    base = ["tune", "ssd_bmm", "--dims", "batch=1,seqlen=64,ngroups=1,dstate=16,chunk_size=16", "--cpu-dry-run",
+            "-o", str(out), "--log-dir", str(tmp_path / "logs")]
+    if args[0] == "--dims":
+        base[3] = args[1]
+    else:
+        base += [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = run(*base)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no bundle, lock or log anywhere

@@ -17,7 +17,15 @@ from autotune_cli.commands.common import (
     out,
 )
 from autotune_cli.plan import Combo, plan
-from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
+from autotune_cli.spec import (
+    DEFAULT_TOLERANCES,
+    SEARCH_ALGORITHMS,
+    Budget,
+    SpecError,
+    dims_problem,
+    load_spec,
+    name_problem,
+)
 from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
 from kernels.bundle import SpecRef
 from kernels.registry import all_kernels
@@ -176,7 +184,11 @@ def tune_command(
         fail(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(GPU_SKUS)}")
     if algorithm not in SEARCH_ALGORITHMS:
         fail(f"--algorithm {algorithm!r}: one of {', '.join(SEARCH_ALGORITHMS)}")
+    if why := name_problem(name):
+        fail(f"--name {why}")
     parsed = _parse_dims(dims, kernel)
+    if why := dims_problem(parsed):
+        fail(f"--dims: {why}")
     budget = Budget(effort="none" if cpu_dry_run else effort.value, seconds_per_combo=seconds, algorithm=algorithm,
                     seed=seed)
     combo = Combo(kernel=kernel, dims=parsed, dtype=dtype.value, origins=("mamba-tune tune",))
