@@ -155,9 +155,11 @@ class Bundle(_Model):
         for key, entry in self.entries.items():
             if not entry.accuracy.passed:
                 raise ValueError(f"entries[{key!r}]: accuracy.passed is false; a failed config is a failure, not an entry")
-            for name, value in entry.timing.model_dump().items():
-                if isinstance(value, float) and not (math.isfinite(value) and value > 0):
-                    raise ValueError(f"entries[{key!r}].timing.{name}: must be a positive finite number, got {value}")
+            for part in ("timing", "speedup"):
+                for name, value in getattr(entry, part).model_dump().items():
+                    if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+                        raise ValueError(f"entries[{key!r}].{part}.{name}: must be a positive finite number, "
+                                         f"got {value}")
         return self
 
     def with_entry(self, entry: Entry, *, updated: str) -> Bundle:
@@ -197,12 +199,38 @@ def _first_error(err: ValidationError) -> str:
     return f"{loc or '<root>'}: {msg}{more}"
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of duplicate keys silently; a bundle with two values for one key
+    # was edited by hand or merged badly, and either value may be the wrong one.
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON (RFC 8259), and a timing or speedup of NaN means nothing.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
     """Parse and validate a bundle; raise BundleError with one line naming `source` and the field."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise BundleError(f"{source}:{e.lineno}: not valid JSON: {e.msg}") from None
+    except _DuplicateKey as e:
+        raise BundleError(f"{source}: duplicate key {str(e)[:200]!r} in one JSON object") from None
+    except ValueError as e:
+        raise BundleError(f"{source}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise BundleError(f"{source}: nested too deeply to be a bundle") from None
     if not isinstance(data, dict):
         raise BundleError(f"{source}: a bundle is a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")
@@ -217,11 +245,21 @@ def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
 
 
 def load_bundle(path: str | os.PathLike[str]) -> Bundle:
+    """Read and validate a bundle. Every problem with the file (unreadable, not UTF-8, not
+    JSON, too deep, invalid) is a BundleError with one line: the run-time loader warns and
+    skips on it, so nothing about a bundle file can raise into a training job."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
-        raise BundleError(f"{p}: cannot read: {e.strerror}") from None
+        raise BundleError(f"{p}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise BundleError(f"{p!r}: cannot read: {e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise BundleError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
     return parse_bundle(text, source=str(p))
 
 

@@ -61,8 +61,12 @@ def test_entry_key_is_canonical():
         (lambda d: next(iter(d["entries"].values())).update(dtype="int8"), r"dtype: Input should be"),
         (lambda d: d["provenance"].pop("gpu"), r"provenance.gpu: Field required"),
         (lambda d: d.update(extra_field=1), r"extra_field: Extra inputs are not permitted"),
+        (lambda d: next(iter(d["entries"].values()))["speedup"].update(vs_default=float("nan")),
+         r"not valid JSON: NaN is not a JSON number"),
+        (lambda d: next(iter(d["entries"].values()))["speedup"].update(vs_baseline=float("inf")),
+         r"not valid JSON: Infinity is not a JSON number"),
     ],
-    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra"],
+    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra", "nan", "inf"],
 )
 def test_invalid_bundles_give_one_line(mutate, match):
     data = json.loads(dumps_bundle(bundle(entry())))
@@ -75,3 +79,28 @@ def test_invalid_bundles_give_one_line(mutate, match):
 def test_not_json():
     with pytest.raises(BundleError, match=r"^b.json:2: not valid JSON"):
         parse_bundle('{\n  "entries": ,\n}', source="b.json")
+
+
+def test_non_finite_speedup_written_as_a_big_number_is_invalid():
+    # 1e400 is valid JSON that Python reads as inf: the model check catches what the parser cannot.
+    text = dumps_bundle(bundle(entry()))
+    old = json.loads(text)
+    vs = next(iter(old["entries"].values()))["speedup"]["vs_default"]
+    text = text.replace(f'"vs_default": {json.dumps(vs)}', '"vs_default": 1e400', 1)
+    with pytest.raises(BundleError, match=r"speedup.vs_default: must be a positive finite number, got inf"):
+        parse_bundle(text, source="b.json")
+
+
+def test_duplicate_keys_and_deep_nesting_are_one_line():
+    text = dumps_bundle(bundle(entry()))
+    with pytest.raises(BundleError, match=r"^b.json: duplicate key 'tuned_ms' in one JSON object$"):
+        parse_bundle(text.replace('"tuned_ms": ', '"tuned_ms": 1.0, "tuned_ms": ', 1), source="b.json")
+    with pytest.raises(BundleError, match=r"^b.json: nested too deeply to be a bundle$"):
+        parse_bundle("[" * 100_000 + "]" * 100_000, source="b.json")
+
+
+def test_binary_bundle_is_one_line(tmp_path):
+    p = tmp_path / "b.json"
+    p.write_bytes(b'{"a":\n\xff\xfe}')
+    with pytest.raises(BundleError, match=r"b.json:2: not UTF-8 text \(byte 6: b'\\xff'\)$"):
+        load_bundle(p)
