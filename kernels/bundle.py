@@ -219,6 +219,20 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _non_finite(data: Any) -> tuple[str, float] | None:
+    """The path and value of the first non-finite float in parsed JSON, or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return where or "<root>", v
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
 def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
     """Parse and validate a bundle; raise BundleError with one line naming `source` and the field."""
     try:
@@ -233,6 +247,8 @@ def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
         raise BundleError(f"{source}: nested too deeply to be a bundle") from None
     if not isinstance(data, dict):
         raise BundleError(f"{source}: a bundle is a JSON object, got {type(data).__name__}")
+    if (bad := _non_finite(data)) is not None:
+        raise BundleError(f"{source}: {bad[0]}: {bad[1]} is not a finite number (JSON reads 1e400 as infinity)")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise BundleError(

@@ -86,9 +86,14 @@ def test_non_finite_speedup_written_as_a_big_number_is_invalid():
     text = dumps_bundle(bundle(entry()))
     old = json.loads(text)
     vs = next(iter(old["entries"].values()))["speedup"]["vs_default"]
+    clean = text
     text = text.replace(f'"vs_default": {json.dumps(vs)}', '"vs_default": 1e400', 1)
-    with pytest.raises(BundleError, match=r"speedup.vs_default: must be a positive finite number, got inf"):
+    with pytest.raises(BundleError, match=r"^b.json: entries.gated_norm_fwd\|.*\|bf16.speedup.vs_default: inf is not "
+                                          r"a finite number"):
         parse_bundle(text, source="b.json")
+    cfg = clean.replace('"num_warps": 4', '"num_warps": -1e999', 1)
+    with pytest.raises(BundleError, match=r"config.num_warps: -inf is not a finite number"):
+        parse_bundle(cfg, source="b.json")
 
 
 def test_duplicate_keys_and_deep_nesting_are_one_line():
