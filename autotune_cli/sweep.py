@@ -23,6 +23,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
@@ -225,7 +227,7 @@ class Sweep:
             planned = {c.key for c in self.combos}
             dropped = sorted(set(bundle.entries) - planned)
             for key in dropped:
-                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
+                self.console.print(f"[yellow]dropping {escape(key)}: tuned with other versions and not in this spec")
             bundle = bundle.model_copy(update={
                 "entries": {k: v for k, v in bundle.entries.items() if k in planned},
                 "failures": {k: v for k, v in bundle.failures.items() if k in planned},
@@ -236,14 +238,14 @@ class Sweep:
             tk = kernels.get(name)
             if tk is not None and prov.source_sha256 != tk.source_sha256():
                 keys = {k for k, e in bundle.entries.items() if e.kernel == name}
-                self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
+                self.console.print(f"[yellow]{escape(f'{name} changed since {path} was tuned')}: {len(keys)} entries are stale")
                 stale |= keys
                 # Stale entries outside this spec would keep a provenance that no longer holds.
                 planned = {c.key for c in self.combos}
                 drop = keys - planned
                 if drop:
                     for key in sorted(drop):
-                        self.console.print(f"[yellow]dropping stale {key}: not in this spec")
+                        self.console.print(f"[yellow]dropping stale {escape(key)}: not in this spec")
                     bundle = bundle.model_copy(
                         update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
         return bundle, stale
@@ -354,7 +356,7 @@ class Sweep:
         where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
             f"{gpu.name} x{len(slots)}"
         con.print(f"sweep {self.bundle_name}: {len(self.combos)} combos, {len(skipped)} already in {path}, "
-                  f"{len(todo)} to tune on {where}")
+                  f"{len(todo)} to tune on {where}", markup=False)
         if not todo:
             return SweepResult(path, results)
 
@@ -416,9 +418,9 @@ class Sweep:
                         result = None if timed_out else self._result(run)
                         if result is not None and isolated_retry(result, run.isolated, os.environ):
                             first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
-                            con.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
-                                      f"({first}); retrying in a fresh "
-                                      f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
+                            con.print(f"[yellow]{escape(run.combo.label())}: a config broke the worker's CUDA context "
+                                      f"({escape(first)}); retrying in a fresh "
+                                      f"worker with {'='.join(ISOLATED_ENV)} (log: {escape(str(run.log_path))})")
                             queue.insert(0, (run.index, run.combo, True))
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
@@ -427,12 +429,12 @@ class Sweep:
                         durations.append(took)
                         finished += 1
                         results.append(ComboResult(run.combo, entry, failure, took))
-                        head = f"[{finished}/{n}] {run.combo.label()}"
+                        head = f"[{finished}/{n}] {escape(run.combo.label())}"
                         if entry is not None:
-                            con.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
+                            con.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}; "
                                       f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
                         else:
-                            con.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
+                            con.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}; "
                                       f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
                     parts = []
                     for run in running:
@@ -443,14 +445,14 @@ class Sweep:
                             + (f" best {best:.4f} ms" if isinstance(best, (int, float)) else "")
                             + (f" ({st['configs']} configs)" if st.get("configs") else ""))
                     line = (f"[{finished}/{n}] elapsed {_fmt_s(now - t0)} ETA {eta()} | " + "; ".join(parts))
-                    status.update(line)
+                    status.update(Text(line))  # plain text: the status file is a worker's data
                     if not con.is_terminal and now - last_note > 60:
-                        con.print(line)
+                        con.print(line, markup=False)
                         last_note = now
             except KeyboardInterrupt:
                 for run in running:
                     self._kill(run)
-                con.print(f"[yellow]interrupted: {finished}/{n} combos written to {path}; "
+                con.print(f"[yellow]interrupted: {finished}/{n} combos written to {escape(str(path))}; "
                           "rerun the same command to resume")
                 raise
         return SweepResult(path, results)

@@ -186,3 +186,46 @@ def test_tune_rejects_unsafe_names_and_impossible_dims_writing_nothing(tmp_path,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no bundle, lock or log anywhere
+
+
+MARKUP = "[bold]x[/x]"  # rich reads both as markup: the first styles, the second raises MarkupError
+
+
+def test_show_and_validate_print_markup_in_data_as_text(tmp_path):
+    from kernels.bundle import Failure
+
+    b = bundle(entry())
+    fail = Failure(kernel="gated_norm_bwd", dims=norm_dims(rows=8), dtype="bf16", reason=f"boom {MARKUP} end",
+                   at="2026-11-29T00:00:00+00:00")
+    b = b.with_failure(fail, updated="2026-11-29T00:00:00+00:00")
+    p = tmp_path / MARKUP / "b.json"
+    write_bundle(b, p)
+    r = run("show", str(p))
+    assert r.exit_code == 0, r.output
+    assert f"boom {MARKUP} end" in r.stdout and f"{p}: NVIDIA H200" in r.stdout
+    r = run("validate", str(p))
+    assert r.exit_code == 0, r.output
+    assert f"ok  {p}: bundle" in r.stdout
+
+
+def test_plan_prints_markup_in_model_names_as_text(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text().replace("name: tiny-model", f"name: '{MARKUP}'"))
+    r = run("plan", str(spec))
+    assert r.exit_code == 0, r.output
+    assert f"{MARKUP} tp=1 batch=1 seqlen=64" in r.stdout
+
+
+def test_tune_progress_and_summary_print_markup_in_reasons_and_paths_as_text(tmp_path):
+    # A 1 s timeout fails the combo for real (the worker needs longer to start); the
+    # failure reason names the log, whose path holds markup.
+    logs = tmp_path / f"logs{MARKUP}"
+    out = tmp_path / f"out{MARKUP}"
+    dims = "rows=8,d=64,group_size=64,has_z=0,norm_before_gate=0,has_bias=0,is_rms=1,weight_fp32=1"
+    r = run("tune", "gated_norm_fwd", "--dims", dims, "--cpu-dry-run", "--timeout", "1", "-o", str(out),
+            "--log-dir", str(logs))
+    assert r.exit_code == 1, r.output
+    failed = [ln for ln in r.stderr.splitlines() if "FAILED" in ln]
+    assert len(failed) == 1 and "worker timed out" in failed[0] and f"{logs}/cpu/adhoc/" in failed[0], r.stderr
+    assert "FAILED: worker timed out" in r.stdout and MARKUP in r.stdout
+    assert f"combo(s) failed; reasons are recorded under 'failures' in {out}/cpu/adhoc.json" in r.stderr

@@ -68,7 +68,8 @@ def diff_command(
         fail(str(e))
     regs = None if fail_on_regression is None else d.regressions(result, fail_on_regression)
     if fmt is OutputFormat.json:
-        _print_raw(json.dumps(d.to_json(result, regs, fail_on_regression), indent=2))
+        # allow_nan=False: strict JSON (no NaN/Infinity); bundles with such numbers are invalid input.
+        _print_raw(json.dumps(d.to_json(result, regs, fail_on_regression), indent=2, allow_nan=False))
     elif fmt is OutputFormat.markdown:
         _print_raw(d.to_markdown(result, regs, fail_on_regression))
     else:
@@ -122,7 +123,7 @@ def _verify_table(result: VerifyResult, source: str) -> Table:
         return "-" if v is None else f"{v:.4f}"
 
     ok = len(result.results) - len(result.failed)
-    table = Table(title=f"verify {source}: {ok}/{len(result.results)} ok")
+    table = Table(title=f"verify {escape(source)}: {ok}/{len(result.results)} ok")
     for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
         table.add_column(col, overflow="fold")
     for r in result.results:

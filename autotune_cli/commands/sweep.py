@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from autotune_cli.commands.common import (
     EXIT_CHECK_FAILED,
@@ -46,7 +48,7 @@ def _parse_gpus(text: str | None) -> list[int] | None:
 
 
 def _summary(result: SweepResult) -> None:
-    table = Table(title=f"sweep summary: {result.bundle_path}")
+    table = Table(title=f"sweep summary: {escape(str(result.bundle_path))}")
     for col in ("kernel", "dims", "dtype", "status", "tuned ms", "vs default", "vs baseline"):
         table.add_column(col, overflow="fold")
     for r in result.results:
@@ -55,11 +57,12 @@ def _summary(result: SweepResult) -> None:
             e = r.entry
             status = "kept" if r.skipped else "tuned"
             vb = f"{e.speedup.vs_baseline:.2f}x" if e.speedup.vs_baseline is not None else "-"
-            table.add_row(r.combo.kernel, dims, r.combo.dtype, status, f"{e.timing.tuned_ms:.4f}",
-                          f"{e.speedup.vs_default:.2f}x", vb)
+            table.add_row(*map(Text, (r.combo.kernel, dims, r.combo.dtype, status, f"{e.timing.tuned_ms:.4f}",
+                                      f"{e.speedup.vs_default:.2f}x", vb)))
         else:
             reason = r.failure.reason if r.failure else "?"
-            table.add_row(r.combo.kernel, dims, r.combo.dtype, f"FAILED: {reason}", "-", "-", "-")
+            # Plain text: a failure reason may hold '[...]' (an error message, a path).
+            table.add_row(*map(Text, (r.combo.kernel, dims, r.combo.dtype, f"FAILED: {reason}", "-", "-", "-")))
     out.print(table)
 
 
@@ -71,7 +74,7 @@ def _run(sweep: Sweep) -> None:
     _summary(result)
     if result.failed:
         err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
-                  f"{result.bundle_path}")
+                  f"{escape(str(result.bundle_path))}")
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 

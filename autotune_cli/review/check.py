@@ -184,7 +184,7 @@ def to_json(r: CheckResult) -> dict[str, Any]:
 
 
 def dumps_json(r: CheckResult) -> str:
-    return json.dumps(to_json(r), indent=2) + "\n"
+    return json.dumps(to_json(r), indent=2, allow_nan=False) + "\n"
 
 
 def to_markdown(r: CheckResult) -> str:
