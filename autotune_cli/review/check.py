@@ -193,7 +193,7 @@ def to_markdown(r: CheckResult) -> str:
     if bad:
         lines += ["| status | combo | why |", "|---|---|---|"]
         for c in bad:
-            why = "<br>".join(x.replace("|", "\\|") for x in c.reasons)
+            why = "<br>".join(line.replace("|", "\\|") for x in c.reasons for line in x.splitlines())
             # GFM splits table cells at '|' even inside code spans: escape the key's pipes.
             key = c.key.replace("|", "\\|")
             lines.append(f"| {c.status} | `{key}` | {why} |")
