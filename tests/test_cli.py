@@ -229,3 +229,47 @@ def test_tune_progress_and_summary_print_markup_in_reasons_and_paths_as_text(tmp
     assert len(failed) == 1 and "worker timed out" in failed[0] and f"{logs}/cpu/adhoc/" in failed[0], r.stderr
     assert "FAILED: worker timed out" in r.stdout and MARKUP in r.stdout
     assert f"combo(s) failed; reasons are recorded under 'failures' in {out}/cpu/adhoc.json" in r.stderr
+
+
+def test_output_under_a_regular_file_is_one_line_exit_2(tmp_path):
+    (tmp_path / "file").write_text("")
+    dims = "rows=8,d=64,group_size=64,has_z=0,norm_before_gate=0,has_bias=0,is_rms=1,weight_fp32=1"
+    r = run("tune", "gated_norm_fwd", "--dims", dims, "--cpu-dry-run", "-o", str(tmp_path / "file" / "out"),
+            "--log-dir", str(tmp_path / "logs"))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [f"error: cannot write {tmp_path}/file/out/cpu: Not a directory "
+                                             "(combos finished before it are kept in the bundle)"]
+    good = tmp_path / "b.json"
+    write_bundle(bundle(entry()), good)
+    r = run("report", str(good), "-o", str(tmp_path / "file" / "report"))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [f"error: cannot write the report: {tmp_path}/file/report: Not a directory"]
+
+
+def test_a_full_disk_mid_sweep_is_one_line_and_keeps_finished_combos(tmp_path):
+    """A real write failure: the sweep runs with a file size limit (RLIMIT_FSIZE, SIGXFSZ
+    ignored) that lets the first bundle write through and fails the second (EFBIG, as a
+    full disk fails with ENOSPC): exit 2, one line, the first combo kept."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "autotune_cli", "sweep", "tests/data/tiny.yaml", "--cpu-dry-run",
+                        "--kernel", "gated_norm_fwd", "--origin", "seqlen=64", "-o", str(out),
+                        "--log-dir", str(tmp_path / "logs")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"error: cannot write under {out}: File too large (combos "
+                                                 "finished before it are kept in the bundle)"), r.stderr
+    assert "Traceback" not in r.stderr
+    from kernels.bundle import load_bundle
+
+    kept = load_bundle(out / "cpu" / "tiny.json")
+    assert len(kept.entries) == 1
+    assert sorted(p.name for p in (out / "cpu").iterdir()) == ["tiny.json", "tiny.json.lock"]  # no temp file left

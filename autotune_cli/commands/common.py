@@ -31,6 +31,15 @@ class EffortChoice(str, enum.Enum):
     full = "full"
 
 
+def os_error_text(e: OSError) -> str:
+    """One line for a failed file operation: the path and the system's words for it
+    (a read-only or full disk, a path under a regular file, a missing permission)."""
+    where = e.filename if e.filename is not None else ""
+    if e.filename2 is not None:
+        where += f" -> {e.filename2}"
+    return f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     from rich.markup import escape
 

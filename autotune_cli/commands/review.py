@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, os_error_text, out
 from autotune_cli.review.sources import SourceError, load_source
 from autotune_cli.spec import SpecError, load_spec
 from kernels.bundle import BundleError, Entry, load_bundle
@@ -185,8 +185,11 @@ def verify_command(
               f"triton {hv.triton}", markup=False)
     out.print(_verify_table(result, str(bundle_path)))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")
+        except OSError as e:
+            fail(f"--json-out: cannot write {os_error_text(e)}")
         err.print(f"wrote {json_out}", markup=False)
     if result.failed:
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -209,6 +212,8 @@ def report_command(
         written = write_report(bundle, str(bundle_path), out_dir)
     except (BundleError, ReportDependencyError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot write the report: {os_error_text(e)}")
     for path in written:
         out.print(str(path), markup=False, highlight=False)
 

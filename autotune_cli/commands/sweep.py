@@ -16,6 +16,7 @@ from autotune_cli.commands.common import (
     EffortChoice,
     err,
     fail,
+    os_error_text,
     out,
 )
 from autotune_cli.plan import Combo, plan
@@ -71,6 +72,10 @@ def _run(sweep: Sweep) -> None:
         result = sweep.run()
     except SweepInputError as e:
         fail(str(e))
+    except OSError as e:
+        # Every finished combo is already in the bundle (each one is written atomically).
+        where = os_error_text(e) if e.filename else f"under {sweep.opt.out_dir}: {e.strerror or e}"
+        fail(f"cannot write {where} (combos finished before it are kept in the bundle)")
     _summary(result)
     if result.failed:
         err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
