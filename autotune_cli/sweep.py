@@ -449,9 +449,13 @@ class Sweep:
                     if not con.is_terminal and now - last_note > 60:
                         con.print(line, markup=False)
                         last_note = now
-            except KeyboardInterrupt:
+            except BaseException as e:
+                # Ctrl-C, or an error such as a full disk while writing the bundle: no worker
+                # outlives the sweep, and the temp folder is removed after they are gone.
                 for run in running:
                     self._kill(run)
+                if not isinstance(e, KeyboardInterrupt):
+                    raise
                 con.print(f"[yellow]interrupted: {finished}/{n} combos written to {escape(str(path))}; "
                           "rerun the same command to resume")
                 raise
