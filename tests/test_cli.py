@@ -273,3 +273,26 @@ def test_a_full_disk_mid_sweep_is_one_line_and_keeps_finished_combos(tmp_path):
     kept = load_bundle(out / "cpu" / "tiny.json")
     assert len(kept.entries) == 1
     assert sorted(p.name for p in (out / "cpu").iterdir()) == ["tiny.json", "tiny.json.lock"]  # no temp file left
+
+
+COMMANDS = ("plan", "sweep", "tune", "validate", "show", "diff", "check", "verify", "report", "bench")
+
+
+def test_help_shows_no_type_noise_and_names_every_value(monkeypatch):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "250")
+    for args in ([], *([c] for c in COMMANDS)):
+        r = run(*args, "--help")
+        assert r.exit_code == 0, (args, r.output)
+        noise = re.findall(r"<(?:bool|str|int|float|file|dir|path|list\[[^\]]*\])[^>]*>", r.stdout)
+        assert not noise, (args, noise)
+        assert "<gpu sku>" not in r.stdout and "OUT/" not in r.stdout, args
+
+
+def test_version_prints_the_package_version():
+    import importlib.metadata
+
+    r = run("--version")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f"mamba-tune {importlib.metadata.version('mamba-tune')}\n"

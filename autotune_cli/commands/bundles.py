@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, Command, err, fail, out
 from autotune_cli.spec import SpecError, load_spec
 from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
 from kernels.registry import all_kernels
@@ -39,7 +39,7 @@ def _files(paths: list[Path]) -> list[Path]:
 
 
 def validate_command(
-    paths: Annotated[list[Path], typer.Argument(help="Specs (.yaml) and bundles (.json), or folders of them.",
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH", help="Specs (.yaml) and bundles (.json), or folders of them.",
                                                 exists=True)],
     lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
@@ -115,5 +115,5 @@ def show_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate_command)
-    app.command("show")(show_command)
+    app.command("validate", cls=Command)(validate_command)
+    app.command("show", cls=Command)(show_command)

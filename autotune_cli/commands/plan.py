@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import err, fail, out
+from autotune_cli.commands.common import Command, err, fail, out
 from autotune_cli.plan import estimate_seconds_for, plan
 from autotune_cli.spec import SpecError, load_spec
 
@@ -19,7 +19,7 @@ from autotune_cli.spec import SpecError, load_spec
 def plan_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True, dir_okay=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
-    gpus: Annotated[int, typer.Option(help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
+    gpus: Annotated[int, typer.Option(metavar="N", help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
 ) -> None:
     """List the exact, de-duplicated (kernel, shape, dtype) combos of SPEC and estimate the time."""
     try:
@@ -54,4 +54,4 @@ def plan_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan_command)
+    app.command("plan", cls=Command)(plan_command)

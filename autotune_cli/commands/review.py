@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, os_error_text, out
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, Command, err, fail, os_error_text, out
 from autotune_cli.review.sources import SourceError, load_source
 from autotune_cli.spec import SpecError, load_spec
 from kernels.bundle import BundleError, Entry, load_bundle
@@ -32,7 +32,7 @@ class OutputFormat(str, enum.Enum):
     json = "json"
 
 
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), markdown (a PR comment) "
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", metavar="table|markdown|json", help="table (terminal), markdown (a PR comment) "
                                                                         "or json (machines).")]
 
 
@@ -86,13 +86,14 @@ def diff_command(
 def check_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True,
                                               dir_okay=False)],
-    bundles: Annotated[Path, typer.Option(help="Bundle root: the bundles checked are BUNDLES/<target sku>/*.json.",
+    bundles: Annotated[Path, typer.Option(metavar="DIR", help="Bundle root: the bundles checked are DIR/SKU/*.json, "
+                                                              "SKU the spec's target GPU.",
                                           exists=True, file_okay=False)],
-    helion_version: Annotated[str | None, typer.Option(
+    helion_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected helion version (default: the one recorded in the newest bundle of the set).")] = None,
-    torch_version: Annotated[str | None, typer.Option(
+    torch_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected torch version; '2.11.0' also matches '2.11.0+cu130' (default: newest bundle's).")] = None,
-    triton_version: Annotated[str | None, typer.Option(
+    triton_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -137,19 +138,19 @@ def _verify_table(result: VerifyResult, source: str) -> Table:
 def verify_command(
     bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
                                                 dir_okay=False)],
-    json_out: Annotated[Path | None, typer.Option(help="Also write the results (GPU, versions, per-entry timings "
+    json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the results (GPU, versions, per-entry timings "
                                                        "and errors) as JSON to this file.", dir_okay=False)] = None,
-    noise_pct: Annotated[float, typer.Option(
+    noise_pct: Annotated[float, typer.Option(metavar="PCT", 
         min=0.0, help="The tuned config fails if it is slower than the kernel's default config by more than this "
                       "many percent (timing noise).")] = 3.0,
-    regression_pct: Annotated[float, typer.Option(
+    regression_pct: Annotated[float, typer.Option(metavar="PCT", 
         min=0.0, help="The tuned config fails if it is slower than its recorded tuned_ms by more than this "
                       "many percent (e.g. after a helion or triton upgrade).")] = 10.0,
     allow_arch_mismatch: Annotated[bool, typer.Option(
         help="Verify even if this GPU's compute capability differs from the bundle's.")] = False,
-    kernel: Annotated[list[str] | None, typer.Option(
+    kernel: Annotated[list[str] | None, typer.Option(metavar="KERNEL", 
         help="Only entries of this kernel (repeatable; default: every entry).")] = None,
-    seed: Annotated[int | None, typer.Option(
+    seed: Annotated[int | None, typer.Option(metavar="SEED", 
         min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
                     "checked it).")] = None,
 ) -> None:
@@ -201,10 +202,10 @@ def verify_command(
 def report_command(
     bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
                                                 dir_okay=False)],
-    out_dir: Annotated[Path, typer.Option("-o", "--out", help="Folder for the PNG plots and report.md (created).",
+    out_dir: Annotated[Path, typer.Option("-o", "--out", metavar="DIR", help="Folder for the PNG plots and report.md (created).",
                                           file_okay=False)],
 ) -> None:
-    """Speedup plots (PNG, one per kernel) and a markdown summary (OUT/report.md) of BUNDLE."""
+    """Speedup plots (PNG, one per kernel) and a markdown summary (DIR/report.md) of BUNDLE."""
     from autotune_cli.review.report import ReportDependencyError, write_report
 
     try:
@@ -219,7 +220,7 @@ def report_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("diff")(diff_command)
-    app.command("check")(check_command)
-    app.command("verify")(verify_command)
-    app.command("report")(report_command)
+    app.command("diff", cls=Command)(diff_command)
+    app.command("check", cls=Command)(check_command)
+    app.command("verify", cls=Command)(verify_command)
+    app.command("report", cls=Command)(report_command)

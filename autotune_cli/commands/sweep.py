@@ -12,6 +12,7 @@ from rich.text import Text
 
 from autotune_cli.commands.common import (
     EXIT_CHECK_FAILED,
+    Command,
     DtypeChoice,
     EffortChoice,
     err,
@@ -83,16 +84,17 @@ def _run(sweep: Sweep) -> None:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
-GpusOpt = Annotated[str | None, typer.Option(help="GPU indices to spread the work over, e.g. 0,1 (default: all).")]
-OutOpt = Annotated[Path, typer.Option("-o", "--out", help="Bundle root; the bundle is OUT/<gpu sku>/<name>.json.",
+GpusOpt = Annotated[str | None, typer.Option(metavar="IDS", help="GPU indices to spread the work over, e.g. 0,1 (default: all).")]
+OutOpt = Annotated[Path, typer.Option("-o", "--out", metavar="DIR", help="Bundle root; the bundle is DIR/SKU/NAME.json (SKU: this "
+                                                                   "GPU's, e.g. h200; cpu for --cpu-dry-run).",
                                       file_okay=False)]
 ForceOpt = Annotated[bool, typer.Option(help="Re-tune combos that are already in the bundle.")]
 MismatchOpt = Annotated[bool, typer.Option(help="Tune even if this GPU is not the spec's target.")]
 DryOpt = Annotated[bool, typer.Option(
     help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
-         "OUT/cpu/; for checking a spec end to end, never for real bundles.")]
-LogOpt = Annotated[Path, typer.Option(help="Folder for per-combo worker logs.", file_okay=False)]
-TimeoutOpt = Annotated[float | None, typer.Option(help="Kill a combo's worker after this many seconds "
+         "DIR/cpu/; for checking a spec end to end, never for real bundles.")]
+LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
+TimeoutOpt = Annotated[float | None, typer.Option(metavar="SECONDS", help="Kill a combo's worker after this many seconds "
                                                        "(default: 2 x the search budget + 10 min).", min=1)]
 
 
@@ -105,11 +107,11 @@ def sweep_command(
     cpu_dry_run: DryOpt = False,
     log_dir: LogOpt = Path(".mamba-tune/logs"),
     timeout: TimeoutOpt = None,
-    kernel: Annotated[list[str] | None, typer.Option(
+    kernel: Annotated[list[str] | None, typer.Option(metavar="KERNEL", 
         help="Only these kernels of the spec (repeatable); the rest stay as they are in the bundle.")] = None,
-    seconds_per_combo: Annotated[int | None, typer.Option(
+    seconds_per_combo: Annotated[int | None, typer.Option(metavar="SECONDS", 
         min=1, help="Override the spec's search budget per combo (each entry records the budget it got).")] = None,
-    origin: Annotated[list[str] | None, typer.Option(
+    origin: Annotated[list[str] | None, typer.Option(metavar="TEXT", 
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
 ) -> None:
@@ -166,15 +168,16 @@ def _parse_dims(text: str, kernel: str) -> dict[str, int]:
 
 
 def tune_command(
-    kernel: Annotated[str, typer.Argument(help="Kernel name (see `mamba-tune plan` or the README).")],
-    dims: Annotated[str, typer.Option(help="The key dims, e.g. rows=16384,d=4096,... (all of the kernel's dims).")],
-    dtype: Annotated[DtypeChoice, typer.Option(help="Input dtype.")] = DtypeChoice.bf16,
-    gpu: Annotated[str, typer.Option(help="Target GPU SKU (must match this GPU unless --allow-gpu-mismatch).")] = "h200",
-    effort: Annotated[EffortChoice, typer.Option(help="Helion autotune effort.")] = EffortChoice.quick,
-    seconds: Annotated[int | None, typer.Option(help="Cap on the search's wall time, seconds.", min=1)] = None,
-    algorithm: Annotated[str, typer.Option(help=f"Search algorithm: {', '.join(SEARCH_ALGORITHMS)}.")] = "LFBOTreeSearch",
-    seed: Annotated[int, typer.Option(help="Autotuner random seed.", min=0)] = 0,
-    name: Annotated[str, typer.Option(help="Bundle name: OUT/<gpu sku>/<name>.json.")] = "adhoc",
+    kernel: Annotated[str, typer.Argument(metavar="KERNEL", help="Kernel name (see `mamba-tune plan` or the README).")],
+    dims: Annotated[str, typer.Option(metavar="K=V,...", help="The key dims, e.g. rows=16384,d=4096,... (all of the kernel's dims).")],
+    dtype: Annotated[DtypeChoice, typer.Option(metavar="bf16|fp16|fp32", help="Input dtype.")] = DtypeChoice.bf16,
+    gpu: Annotated[str, typer.Option(metavar="SKU", help="Target GPU SKU (must match this GPU unless --allow-gpu-mismatch).")] = "h200",
+    effort: Annotated[EffortChoice, typer.Option(metavar="none|quick|full", help="Helion autotune effort.")] = EffortChoice.quick,
+    seconds: Annotated[int | None, typer.Option(metavar="SECONDS", help="Cap on the search's wall time, seconds.", min=1)] = None,
+    algorithm: Annotated[str, typer.Option(metavar="NAME", help=f"Search algorithm: {', '.join(SEARCH_ALGORITHMS)}.")] = "LFBOTreeSearch",
+    seed: Annotated[int, typer.Option(metavar="SEED", help="Autotuner random seed.", min=0)] = 0,
+    name: Annotated[str, typer.Option(metavar="NAME", help="Bundle name, DIR/SKU/NAME.json: 1-100 of "
+                                                          "A-Z a-z 0-9 . _ -, starting with a letter or digit.")] = "adhoc",
     out_dir: OutOpt = DEFAULT_OUT,
     force: ForceOpt = False,
     allow_gpu_mismatch: MismatchOpt = False,
@@ -210,5 +213,5 @@ def tune_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sweep")(sweep_command)
-    app.command("tune")(tune_command)
+    app.command("sweep", cls=Command)(sweep_command)
+    app.command("tune", cls=Command)(tune_command)
