@@ -109,3 +109,17 @@ def test_binary_bundle_is_one_line(tmp_path):
     p.write_bytes(b'{"a":\n\xff\xfe}')
     with pytest.raises(BundleError, match=r"b.json:2: not UTF-8 text \(byte 6: b'\\xff'\)$"):
         load_bundle(p)
+
+
+def test_git_ignores_the_temp_files_of_an_interrupted_write():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    # The name write_text_atomic gives its temp file, next to the bundle.
+    r = subprocess.run(["git", "check-ignore", "-q", "generated_configs/h200/.nemotron-nano.json.k3x_9a.tmp"],
+                       cwd=root)
+    assert r.returncode == 0
