@@ -29,6 +29,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SCHEMA_VERSION = 1
+# A bundle is a few hundred entries at most; anything this big is not one (or is /dev/zero).
+MAX_BUNDLE_BYTES = 64 << 20
 DTYPES = ("bf16", "fp16", "fp32")
 
 
@@ -266,11 +268,14 @@ def load_bundle(path: str | os.PathLike[str]) -> Bundle:
     skips on it, so nothing about a bundle file can raise into a training job."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            raw = f.read(MAX_BUNDLE_BYTES + 1)
     except OSError as e:
         raise BundleError(f"{p}: cannot read: {e.strerror or e}") from None
     except ValueError as e:  # e.g. a NUL byte in the path
         raise BundleError(f"{p!r}: cannot read: {e}") from None
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise BundleError(f"{p}: over {MAX_BUNDLE_BYTES >> 20} MiB; not a bundle (the largest shipped one is 50 KB)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

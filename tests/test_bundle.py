@@ -104,6 +104,11 @@ def test_duplicate_keys_and_deep_nesting_are_one_line():
         parse_bundle("[" * 100_000 + "]" * 100_000, source="b.json")
 
 
+def test_endless_file_is_refused_after_the_size_limit():
+    with pytest.raises(BundleError, match=r"^/dev/zero: over 64 MiB; not a bundle"):
+        load_bundle("/dev/zero")
+
+
 def test_binary_bundle_is_one_line(tmp_path):
     p = tmp_path / "b.json"
     p.write_bytes(b'{"a":\n\xff\xfe}')
