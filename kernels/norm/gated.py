@@ -21,7 +21,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
+from kernels import runtime, vocab
 from kernels.reference import gated_norm_ref, gated_norm_stats_ref
 from kernels.registry import (
     Baseline,
@@ -155,9 +155,6 @@ def gated_norm_bwd_kernel(
 
 # --- host launchers -------------------------------------------------------------------
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def _check_inputs(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -168,13 +165,13 @@ def _check_inputs(
     if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
         raise ValueError(f"gated norm: x must be a non-empty tensor (..., d), got shape {tuple(x.shape)}")
     d = x.shape[-1]
-    if x.dtype not in _FLOAT_DTYPES:
+    if not vocab.is_float(x.dtype):
         raise ValueError(f"gated norm: x dtype {x.dtype} is not one of fp32, fp16, bf16")
     if weight.shape != (d,):
         raise ValueError(f"gated norm: weight shape {tuple(weight.shape)} != ({d},) (the last dim of x)")
-    if weight.dtype not in _FLOAT_DTYPES:
+    if not vocab.is_float(weight.dtype):
         raise ValueError(f"gated norm: weight dtype {weight.dtype} is not one of fp32, fp16, bf16")
-    if bias is not None and (bias.shape != (d,) or bias.dtype not in _FLOAT_DTYPES):
+    if bias is not None and (bias.shape != (d,) or not vocab.is_float(bias.dtype)):
         raise ValueError(f"gated norm: bias must be ({d},) float, got {tuple(bias.shape)} {bias.dtype}")
     if z is not None:
         if z.shape != x.shape:

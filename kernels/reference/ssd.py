@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-DT_LIMIT_NONE = (0.0, float("inf"))
+from kernels.vocab import DT_LIMIT_NONE
 
 
 def ssd_dt_ref(

@@ -25,7 +25,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
+from kernels import runtime, vocab
 from kernels.reference import chunk_cumsum_ref, chunk_state_ref, state_passing_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import chunk_state, common
@@ -130,7 +130,7 @@ def chunk_state_passing_fwd(
         common.check_shape("initial_states", initial_states, (batch, nheads, headdim, B.shape[3]),
                            "batch, nheads, headdim, dstate")
         common.check_device(x.device, initial_states=initial_states)
-    if out_dtype not in common.FLOAT_DTYPES:
+    if not vocab.is_float(out_dtype):
         raise ValueError(f"ssd: out_dtype {out_dtype} is not one of fp32, fp16, bf16")
     return _launch(B, x, dt, dA_cumsum, initial_states, seq_idx, out_dtype)
 

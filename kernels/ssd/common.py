@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
+from kernels import vocab
 from kernels.registry import ModelShape, mamba_ssm_version
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int32, torch.int64)
-DT_LIMIT_NONE = (0.0, float("inf"))
+DT_LIMIT_NONE = vocab.DT_LIMIT_NONE
 
 # Bundle-key dims shared by the SSD kernels (each kernel keeps the ones it depends on).
 SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
@@ -56,7 +55,7 @@ def check_chunk_size(chunk_size: int) -> None:
 
 
 def check_float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
+    if not vocab.is_float(t.dtype):
         raise ValueError(f"ssd: {name} dtype {t.dtype} is not one of fp32, fp16, bf16")
 
 
@@ -75,7 +74,7 @@ def check_seq_idx(seq_idx: torch.Tensor | None, batch: int, seqlen: int) -> None
     if seq_idx is None:
         return
     check_shape("seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
-    if seq_idx.dtype not in INDEX_DTYPES:
+    if not vocab.is_index(seq_idx.dtype):
         raise ValueError(f"ssd: seq_idx dtype {seq_idx.dtype} is not int32 or int64")
 
 

@@ -26,7 +26,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
+from kernels import runtime, vocab
 from kernels.reference import chunk_cumsum_ref, state_passing_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
@@ -118,7 +118,7 @@ def _check(states: torch.Tensor, dA_cumsum: torch.Tensor, initial_states: torch.
             raise ValueError(f"ssd: seq_idx shape {tuple(seq_idx.shape)} is not (batch, seqlen) with batch={batch} "
                              f"and ceil(seqlen / chunk_size={chunk_size}) = nchunks={nchunks}")
         common.check_seq_idx(seq_idx, batch, seq_idx.shape[1])
-    if out_dtype not in common.FLOAT_DTYPES:
+    if not vocab.is_float(out_dtype):
         raise ValueError(f"ssd: out_dtype {out_dtype} is not one of fp32, fp16, bf16")
     common.check_device(states.device, dA_cumsum=dA_cumsum, initial_states=initial_states, seq_idx=seq_idx)
 
