@@ -39,7 +39,7 @@ class Problem:
     """Inputs for one tuning combo, plus what the checker and the timer need."""
 
     args: tuple[Any, ...]
-    # fp32 reference outputs (name -> tensor), computed by kernels.reference.
+    # fp32 reference outputs (name -> tensor), computed by autotune_cli.reference.
     reference: Callable[[], dict[str, torch.Tensor]]
     # The same reference evaluated in the low dtype (eager torch): the error bound.
     lowp_reference: Callable[[], dict[str, torch.Tensor]]

@@ -21,8 +21,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import gated_norm_ref, gated_norm_stats_ref
 from kernels import runtime, vocab
-from kernels.reference import gated_norm_ref, gated_norm_stats_ref
 from kernels.registry import (
     Baseline,
     ModelShape,

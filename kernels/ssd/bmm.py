@@ -25,8 +25,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import bmm_chunk_ref
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 

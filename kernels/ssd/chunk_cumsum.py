@@ -21,8 +21,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import chunk_cumsum_ref
 from kernels import runtime
-from kernels.reference import chunk_cumsum_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 

@@ -26,8 +26,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 

@@ -25,8 +25,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import chunk_cumsum_ref, chunk_state_ref, state_passing_ref
 from kernels import runtime, vocab
-from kernels.reference import chunk_cumsum_ref, chunk_state_ref, state_passing_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import chunk_state, common
 

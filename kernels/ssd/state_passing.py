@@ -26,8 +26,8 @@ import helion
 import helion.language as hl
 import torch
 
+from autotune_cli.reference import chunk_cumsum_ref, state_passing_ref
 from kernels import runtime, vocab
-from kernels.reference import chunk_cumsum_ref, state_passing_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 

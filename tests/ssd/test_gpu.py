@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from autotune_cli.benchmarks.common import capture
+from autotune_cli.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
 from kernels.registry import ModelShape, get
 from kernels.ssd import mamba_chunk_scan_combined, ssd_forward
 from kernels.ssd.bmm import bmm_chunk_fwd, mask_other_sequences

@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import runtime
-from kernels.reference import (
+from autotune_cli.reference import (
     bmm_chunk_ref,
     chunk_cumsum_ref,
     chunk_scan_ref,
@@ -25,6 +24,7 @@ from kernels.reference import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
+from kernels import runtime
 from kernels.registry import get
 from kernels.ssd import (
     bmm_chunk_fwd,
