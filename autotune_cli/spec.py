@@ -257,7 +257,7 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:
-    from kernels.registry import all_kernels
+    from autotune_cli.tuning import all_kernels
 
     target = model.target
     sku = GPU_SKUS[target.gpu]

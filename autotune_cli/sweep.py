@@ -28,6 +28,7 @@ from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
+from autotune_cli.tuning import all_kernels
 from autotune_cli.worker import STACKS_SIGNAL
 from kernels.bundle import (
     Bundle,
@@ -42,7 +43,6 @@ from kernels.bundle import (
     load_bundle,
     write_bundle,
 )
-from kernels.registry import all_kernels
 
 
 class SweepInputError(Exception):

@@ -20,8 +20,9 @@ import torch
 
 from autotune_cli.environment import now
 from autotune_cli.spec import Budget, Tolerance
+from autotune_cli.tuning import Problem, TunableKernel, get
 from kernels.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
-from kernels.registry import DTYPES, Problem, TunableKernel, get
+from kernels.vocab import torch_dtype
 
 
 class TuneFailure(Exception):
@@ -221,7 +222,7 @@ def tune(
     warm_start: dict[str, Any] | None = None,
 ) -> Outcome:
     tk = get(kernel_name)
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     interpret = ref_mode(tk)
     device = torch.device("cpu" if interpret else "cuda")
     if not interpret and not torch.cuda.is_available():

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from autotune_cli.benchmarks.common import graph_ms, kernel_ms, wall_ms
+from autotune_cli.tuning import ModelShape
+from autotune_cli.tuning import norm as norm_tuning
 from kernels import runtime
 from kernels.bundle import entry_key
 from kernels.norm import gated
-from kernels.registry import DTYPE_NAMES, ModelShape
+from kernels.vocab import dtype_name
 
 
 def _mamba_ssm() -> Any:
@@ -30,7 +32,7 @@ def _mamba_ssm() -> Any:
 
 
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, lg: Any) -> list[dict[str, Any]]:
-    dims = gated.GATED_NORM_FWD.dims_for(shape)
+    dims = norm_tuning.GATED_NORM_FWD.dims_for(shape)
     rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(rows, d, device="cuda", dtype=dtype, generator=gen)
@@ -52,8 +54,8 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, lg: Any) -> 
         base["bwd"] = lambda: lg._layer_norm_bwd(dy, x, w, None, eps, None, base_rstd, z, gs, False, True)
     out = []
     for name, (ours, tk, bwd) in ops.items():
-        nbytes = gated._norm_bytes(dims, dtype, bwd=bwd)
-        key = entry_key(tk.name, dims, DTYPE_NAMES[dtype])
+        nbytes = norm_tuning._norm_bytes(dims, dtype, bwd=bwd)
+        key = entry_key(tk.name, dims, dtype_name(dtype))
         ours_ms = kernel_ms(ours)
         # Read after the first call: that is when the runtime resolves (and records) the config.
         source = runtime.resolutions().get(key, "?")

@@ -18,8 +18,8 @@ from autotune_cli.reference import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
+from autotune_cli.tuning.ssd.inputs import SSDInputs
 from kernels.ssd.bmm import mask_other_sequences
-from kernels.ssd.common import SSDInputs
 
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
 SHAPES = [
