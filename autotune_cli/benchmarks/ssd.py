@@ -26,6 +26,7 @@ import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
 from autotune_cli.benchmarks.common import graph_ms, wall_ms
+from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from kernels import runtime
@@ -40,14 +41,6 @@ from kernels.ssd import (
 )
 from kernels.ssd.common import nchunks_of
 from kernels.vocab import dtype_name
-
-
-def _median_ms(fn: Callable[[], Any], rep_ms: int) -> float:
-    import triton.testing
-
-    fn()  # compile / autotune outside the timed region
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=max(rep_ms // 8, 5), rep=rep_ms, return_mode="median"))
 
 
 def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
@@ -144,7 +137,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     for stage, fn in ours.items():
         if stage not in stages:
             continue
-        ours_ms = _median_ms(fn, rep_ms)
+        ours_ms = gpu_median_ms(fn, rep_ms, warmup_ms=max(rep_ms // 8, 5))
         flops, nbytes = work[stage if stage in work else "total"]
         row: dict[str, Any] = {
             "family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype), "shape": shape_text,
@@ -153,7 +146,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
             "gbps": nbytes / (ours_ms * 1e-3) / 1e9,
         }
         if stage in base:
-            row["baseline_ms"] = _median_ms(base[stage], rep_ms)
+            row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=max(rep_ms // 8, 5))
             row["ratio"] = row["baseline_ms"] / ours_ms
         rows.append(row)
     # Back-to-back calls of the whole forward: timed on the host, and replayed from a CUDA graph.
