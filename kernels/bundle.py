@@ -18,7 +18,6 @@ Layout (keys sorted, two-space indent, lists of scalars on one line, so that a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -28,10 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kernels.vocab import DtypeName
+
 SCHEMA_VERSION = 1
 # A bundle is a few hundred entries at most; anything this big is not one (or is /dev/zero).
 MAX_BUNDLE_BYTES = 64 << 20
-DTYPES = ("bf16", "fp16", "fp32")
 
 
 class BundleError(ValueError):
@@ -120,7 +120,7 @@ class Accuracy(_Model):
 class Entry(_Model):
     kernel: str
     dims: dict[str, int]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: DtypeName
     config: dict[str, Any]
     timing: Timing
     speedup: Speedup
@@ -136,7 +136,7 @@ class Entry(_Model):
 class Failure(_Model):
     kernel: str
     dims: dict[str, int]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: DtypeName
     reason: str
     at: str
 
@@ -329,10 +329,6 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def find_bundles(paths: list[Path]) -> list[Path]:

@@ -31,8 +31,8 @@ from autotune_cli.spec import (
     name_problem,
 )
 from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
+from autotune_cli.tuning import all_kernels
 from kernels.bundle import SpecRef
-from kernels.registry import all_kernels
 
 DEFAULT_OUT = Path("generated_configs")
 

@@ -3,9 +3,10 @@
 chunk_cumsum (F1) -> chunk_state (F2) -> state_passing (F3, a parallel scan) -> bmm (F4)
 -> chunk_scan (F5); chunk_state_passing fuses F2 + F3 (walking the chunks in order);
 combined.py chains them. Each stage's public function is named like
-mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...). Importing this package
-registers the tunable kernels ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
-ssd_chunk_state_passing, ssd_bmm and ssd_chunk_scan.
+mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and each declares its
+kernel's runtime record (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
+ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan); their tuning records are in
+`autotune_cli/tuning/ssd/`.
 """
 
 from kernels.ssd.bmm import bmm_chunk_fwd
