@@ -24,7 +24,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
+from rich.text import Text
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
@@ -207,20 +209,20 @@ class Sweep:
         if not _same_versions(bundle.provenance.versions, versions):
             # Only with --force on the whole spec (`_resumable` refuses the rest).
             for key in sorted(set(bundle.entries) - planned):
-                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
+                self.console.print(f"[yellow]dropping {escape(key)}: tuned with other versions and not in this spec")
             bundle = bundle.model_copy(update={
                 "entries": {k: v for k, v in bundle.entries.items() if k in planned},
                 "failures": {k: v for k, v in bundle.failures.items() if k in planned},
             })
         stale: set[str] = set()
         for name, keys in _stale_keys(bundle).items():
-            self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
+            self.console.print(f"[yellow]{escape(f'{name} changed since {path} was tuned')}: {len(keys)} entries are stale")
             stale |= keys
             # Stale entries outside this spec would keep a provenance that no longer holds.
             drop = keys - planned
             if drop:
                 for key in sorted(drop):
-                    self.console.print(f"[yellow]dropping stale {key}: not in this spec")
+                    self.console.print(f"[yellow]dropping stale {escape(key)}: not in this spec")
                 bundle = bundle.model_copy(
                     update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
         return bundle, stale
@@ -359,7 +361,7 @@ class Sweep:
         where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
             f"{gpu.name} x{len(slots)}"
         con.print(f"sweep {self.bundle_name}: {len(self.combos)} combos, {len(skipped)} already in {path}, "
-                  f"{len(todo)} to tune on {where}")
+                  f"{len(todo)} to tune on {where}", markup=False)
         if not todo:
             return SweepResult(path, results)
 
@@ -387,10 +389,15 @@ class Sweep:
                         took = progress.combo_done(run, entry, failure, now)
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
-            except KeyboardInterrupt:
+            except BaseException as e:
+                # Ctrl-C, or an error such as a full disk while writing the bundle: no worker
+                # outlives the sweep, and the temp folder is removed after they are gone.
                 for run in running:
                     self._kill(run)
-                con.print(f"[yellow]interrupted: {progress.finished}/{progress.total} combos written to {path}; "
+                if not isinstance(e, KeyboardInterrupt):
+                    raise
+                con.print(f"[yellow]interrupted: {progress.finished}/{progress.total} combos written to "
+                          f"{escape(str(path))}; "
                           "rerun the same command to resume")
                 raise
         return SweepResult(path, results)
@@ -425,9 +432,9 @@ class Sweep:
         if result is None or not isolated_retry(result, run.isolated, os.environ):
             return False
         first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
-        self.console.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
-                           f"({first}); retrying in a fresh "
-                           f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
+        self.console.print(f"[yellow]{escape(run.combo.label())}: a config broke the worker's CUDA context "
+                           f"({escape(first)}); retrying in a fresh "
+                           f"worker with {'='.join(ISOLATED_ENV)} (log: {escape(str(run.log_path))})")
         queue.insert(0, (run.index, run.combo, True))
         return True
 
@@ -502,12 +509,12 @@ class _Progress:
         took = now - run.started
         self.durations.append(took)
         self.finished += 1
-        head = f"[{self.finished}/{self.total}] {run.combo.label()}"
+        head = f"[{self.finished}/{self.total}] {escape(run.combo.label())}"
         if entry is not None:
-            self.console.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
+            self.console.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         else:
-            self.console.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
+            self.console.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         return took
 
@@ -523,9 +530,9 @@ class _Progress:
                 + (f" ({st['configs']} configs)" if st.get("configs") else ""))
         line = (f"[{self.finished}/{self.total}] elapsed {_fmt_s(now - self.t0)} ETA {self.eta()} | "
                 + "; ".join(parts))
-        status.update(line)
+        status.update(Text(line))  # plain text: the status file is a worker's data
         if not self.console.is_terminal and now - self.last_note > 60:
-            self.console.print(line)
+            self.console.print(line, markup=False)
             self.last_note = now
 
 

@@ -114,6 +114,27 @@ def test_invalid_bundle_warns_once_and_is_skipped(tmp_path):
     assert len(msgs) == 1 and "bad.json:1: not valid JSON" in msgs[0]
 
 
+def test_unreadable_bundle_files_warn_and_are_skipped(tmp_path):
+    """Whatever is wrong with a bundle file, the loader warns and skips it: a training job
+    never sees an exception from a config file."""
+    write_bundle(bundle(entry(config=CFG_EXACT)), tmp_path / "good.json")
+    (tmp_path / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "twice.json").write_text((tmp_path / "good.json").read_text().replace(
+        '"schema_version": 1', '"schema_version": 1, "schema_version": 1'))
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    msgs: list[str] = []
+    store = runtime.ConfigStore([tmp_path], "9.0", msgs.append)
+    assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
+    got = sorted(m.split(str(tmp_path) + "/")[1] for m in msgs)
+    assert got == ["binary.json:1: not UTF-8 text (byte 0: b'\\x89')",
+                   "dangling.json: cannot read: No such file or directory",
+                   "deep.json: nested too deeply to be a bundle",
+                   "folder.json: cannot read: Is a directory",
+                   "twice.json: duplicate key 'schema_version' in one JSON object"], msgs
+
+
 def test_runtime_warns_once_per_missing_key(monkeypatch):
     """The public warn path: one MambaTuneWarning naming the key and the tune command."""
     rt = runtime._Runtime()

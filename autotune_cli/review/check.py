@@ -184,7 +184,7 @@ def to_json(r: CheckResult) -> dict[str, Any]:
 
 
 def dumps_json(r: CheckResult) -> str:
-    return json.dumps(to_json(r), indent=2) + "\n"
+    return json.dumps(to_json(r), indent=2, allow_nan=False) + "\n"
 
 
 def to_markdown(r: CheckResult) -> str:
@@ -193,7 +193,7 @@ def to_markdown(r: CheckResult) -> str:
     if bad:
         lines += ["| status | combo | why |", "|---|---|---|"]
         for c in bad:
-            why = "<br>".join(x.replace("|", "\\|") for x in c.reasons)
+            why = "<br>".join(line.replace("|", "\\|") for x in c.reasons for line in x.splitlines())
             # GFM splits table cells at '|' even inside code spans: escape the key's pipes.
             key = c.key.replace("|", "\\|")
             lines.append(f"| {c.status} | `{key}` | {why} |")
