@@ -139,7 +139,6 @@ def _not_provided(name: str, use: str, original: Callable[..., Any]) -> Callable
                           MambaTuneWarning, stacklevel=2)
         return original(*args, **kwargs)
 
-    call.__mamba_tune_not_provided__ = original  # type: ignore[attr-defined]
     return call
 
 
