@@ -14,6 +14,8 @@
     packed_sequences: [false, true]      # optional, default [false]: true also tunes the SSD
                                          #   kernels for calls with seq_idx (packed sequences)
     dtypes: [bf16]                       # bf16 | fp16 | fp32
+    norm_weight_dtypes: [fp32, bf16]     # optional, default [fp32]: the gated norm's weight dtypes;
+                                         #   fp32, or one of dtypes (a module built in that dtype)
     kernels: all                         # or a list of kernel names (mamba-tune plan lists them)
     budget:
       effort: quick                      # Helion effort: none | quick | full
@@ -219,6 +221,7 @@ class SpecModel(_Strict):
     seqlen: list[PosInt] = Field(min_length=1)
     packed_sequences: list[Annotated[bool, Field(strict=True)]] = Field(default_factory=lambda: [False], min_length=1)
     dtypes: list[DtypeName] = Field(min_length=1)
+    norm_weight_dtypes: list[DtypeName] = Field(default_factory=lambda: ["fp32"], min_length=1)
     kernels: Literal["all"] | list[str] = "all"
     budget: Budget = Budget()
     tolerances: dict[DtypeName, Tolerance] = Field(default_factory=dict)
@@ -246,6 +249,9 @@ class Spec(_Strict):
     models: list[ResolvedModel]
     packed_sequences: list[bool] = [False]
     dtypes: list[DtypeName]
+    # The gated norm's weight dtypes: "fp32", or a dtype of `dtypes` (the weight in the
+    # inputs' dtype, weight_fp32=0 in the key: a module built in that dtype).
+    norm_weight_dtypes: list[DtypeName] = ["fp32"]
     kernels: list[str]
     budget: Budget
     tolerances: dict[str, Tolerance]
@@ -478,6 +484,15 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         raise fail(("dtypes",), f"duplicate dtypes {model.dtypes}")
     if len(set(model.packed_sequences)) != len(model.packed_sequences):
         raise fail(("packed_sequences",), f"duplicate values {model.packed_sequences}")
+    for i, w in enumerate(model.norm_weight_dtypes):
+        if w in model.norm_weight_dtypes[:i]:
+            raise fail(("norm_weight_dtypes", i), f"{w} listed twice")
+        if w != "fp32" and w not in model.dtypes:
+            raise fail(("norm_weight_dtypes", i), f"{w} is neither fp32 nor one of dtypes {model.dtypes} "
+                       "(a low-precision norm weight has the inputs' dtype)")
+    for d in model.dtypes:
+        if "fp32" not in model.norm_weight_dtypes and d not in model.norm_weight_dtypes:
+            raise fail(("norm_weight_dtypes",), f"dtype {d} gets no norm weight dtype: list fp32 or {d}")
 
     if model.name is None and (why := name_problem(stem)):
         raise fail(("name",), f"no 'name' given and the file's stem {why}; add a 'name'")
@@ -490,6 +505,7 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         models=resolved,
         packed_sequences=list(model.packed_sequences),
         dtypes=list(model.dtypes),
+        norm_weight_dtypes=list(model.norm_weight_dtypes),
         kernels=kernels,
         budget=model.budget,
         tolerances=tolerances,

@@ -3,6 +3,7 @@ the file, the line and the field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,55 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
     (bmm,) = [c for c in packed if c.kernel == "ssd_bmm" and c.dims["ngroups"] == 8 and c.dims["seqlen"] == 8192]
     assert bmm.origins == ("nemotron-3-nano-30b tp=1 batch=2 seqlen=8192",
                            "nemotron-3-nano-30b tp=1 batch=2 seqlen=8192 packed")
+
+
+def test_norm_weight_dtypes_add_low_precision_weight_norm_combos_only():
+    base = GOOD.replace("kernels: [gated_norm_fwd, gated_norm_bwd]", "kernels: all")
+    assert parse_spec(base, source="t.yaml").norm_weight_dtypes == ["fp32"]
+    plain = plan(parse_spec(base, source="t.yaml"))
+    both = plan(parse_spec(base.replace("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp32, bf16]"),
+                           source="t.yaml"))
+    assert all(c.dims["weight_fp32"] == 1 for c in plain if c.kernel.startswith("gated_norm"))
+    new = [c for c in both if c.key not in {p.key for p in plain}]
+    assert {c.kernel for c in new} == {"gated_norm_fwd", "gated_norm_bwd"}
+    assert all(c.dims["weight_fp32"] == 0 and c.dtype == "bf16" for c in new)
+    # one per norm shape: the same shapes as the fp32-weight combos
+    assert sorted((c.kernel, c.dims["rows"], c.dims["d"]) for c in new) == sorted(
+        (c.kernel, c.dims["rows"], c.dims["d"]) for c in plain if c.kernel.startswith("gated_norm"))
+    assert all(o.endswith(" norm_weight=bf16") for c in new for o in c.origins)
+    # The SSD combos do not change, nor their origins.
+    ssd = {c.key: c.origins for c in both if c.kernel.startswith("ssd_")}
+    assert ssd == {c.key: c.origins for c in plain if c.kernel.startswith("ssd_")}
+    only_low = plan(parse_spec(base.replace("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [bf16]"),
+                               source="t.yaml"))
+    assert {c.key for c in only_low} == {c.key for c in both} - {c.key for c in plain
+                                                                 if c.kernel.startswith("gated_norm")}
+
+
+def test_a_low_precision_norm_weight_serves_only_its_own_dtype():
+    text = GOOD.replace("dtypes: [bf16]", "dtypes: [bf16, fp16]\nnorm_weight_dtypes: [fp32, fp16]")
+    combos = [c for c in plan(parse_spec(text, source="t.yaml")) if c.kernel == "gated_norm_fwd"]
+    assert {(c.dtype, c.dims["weight_fp32"]) for c in combos} == {("bf16", 1), ("fp16", 1), ("fp16", 0)}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp32, fp16]"),
+                     "t.yaml:14: norm_weight_dtypes[1]: fp16 is neither fp32 nor one of dtypes ['bf16']",
+                     id="weight-not-a-dtype"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [bf16, bf16]"),
+                     "t.yaml:14: norm_weight_dtypes[1]: bf16 listed twice", id="weight-dup"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16, fp16]\nnorm_weight_dtypes: [bf16]"),
+                     "t.yaml:14: norm_weight_dtypes: dtype fp16 gets no norm weight dtype: list fp32 or fp16",
+                     id="dtype-without-weight"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp64]"),
+                     "t.yaml:14: norm_weight_dtypes[0]: Input should be", id="weight-type"),
+    ],
+)
+def test_bad_norm_weight_dtypes(text, expected):
+    with pytest.raises(SpecError, match=re.escape(expected)):
+        parse_spec(text, source="t.yaml")
 
 
 @pytest.mark.parametrize(

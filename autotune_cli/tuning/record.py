@@ -30,6 +30,9 @@ class ModelShape:
     chunk_size: int
     # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
     packed: bool = False
+    # The gated norm's weight: fp32 (True), or in the inputs' dtype (a module built in
+    # bf16). Only the norm depends on it.
+    norm_weight_fp32: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from kernels.ssd import (
     chunk_scan,
     chunk_state,
     chunk_state_passing,
+    chunk_state_varlen,
     common,
     state_passing,
 )
@@ -142,10 +143,12 @@ def mamba_chunk_scan_combined(
     dt_bias: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     return_final_states: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return_varlen_states: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Mamba-2 SSD forward, drop-in for `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`.
 
     x: (batch, seqlen, nheads, headdim)
@@ -159,14 +162,24 @@ def mamba_chunk_scan_combined(
     initial_states: (batch, nheads, headdim, dstate)
     seq_idx: (batch, seqlen) int, nondecreasing ids of packed sequences: the state resets
         where it changes (initial_states belongs to sequence 0)
-    Returns out (batch, seqlen, nheads, headdim) in x's dtype, and with return_final_states
-    also final_states (batch, nheads, headdim, dstate) fp32.
+    cu_seqlens: (num_sequences + 1,) int, read only with return_varlen_states (batch 1)
+    Returns out (batch, seqlen, nheads, headdim) in x's dtype, then with return_final_states
+    final_states (batch, nheads, headdim, dstate) fp32, then with return_varlen_states
+    varlen_states (num_sequences, nheads, headdim, dstate) in x's dtype: each sequence's
+    state at its end (see chunk_state_varlen.py).
 
     Forward only: raises NotImplementedError when autograd would need the backward.
     """
     common.check_no_grad("mamba_chunk_scan_combined", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states)
+    if return_varlen_states:
+        chunk_state_varlen.check_varlen(x, cu_seqlens)
     out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                     initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
                                     dt_limit=dt_limit)
-    return (out, final_states) if return_final_states else out
+    if not return_varlen_states:  # mamba-ssm ignores cu_seqlens then
+        return (out, final_states) if return_final_states else out
+    varlen = chunk_state_varlen.varlen_states(x, dt, A, B, chunk_size, cu_seqlens, dt_bias=dt_bias,
+                                              initial_states=initial_states, seq_idx=seq_idx,
+                                              dt_softplus=dt_softplus, dt_limit=dt_limit)
+    return (out, final_states, varlen) if return_final_states else (out, varlen)
