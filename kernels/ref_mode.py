@@ -9,6 +9,12 @@ operands with what a tensor-core dot with fp32 accumulation computes: an fp32 ma
 the operands (products of bf16/fp16 numbers are exact in fp32). fp64 operands stay fp64,
 so fp64 gradient checks stay fp64. Other devices, and dtypes a tensor core does not take
 as floats (fp8, integers), keep Helion's own implementation.
+
+A call that fails while Helion enters its ref-mode context (on meta tensors its RNG
+snapshot raises after the context is half entered) leaves that context active: every
+later call in the process fails with "RefModeContext already active", and `torch.zeros`
+lands on the failed call's device. `leave_ref_mode_context` undoes what was entered; the
+runtime calls it when a ref-mode call fails.
 """
 
 from __future__ import annotations
@@ -79,3 +85,33 @@ def install_cpu_dot() -> bool:
 def cpu_dot_installed() -> bool:
     return isinstance(getattr(hl.dot, "_ref_fn", None), _CpuDot)
 
+
+def ref_mode_context() -> object | None:
+    """Helion's active ref-mode context on this thread, if any."""
+    from helion.runtime.ref_mode import ref_mode_tls
+
+    return getattr(ref_mode_tls, "context", None)
+
+
+def leave_ref_mode_context(before: object = None) -> None:
+    """Exit a Helion ref-mode context that a failed call left active, unless it is `before`
+    (the context that was active when the call started, normally None).
+
+    helion 1.5.0's `RefModeContext.__enter__` registers the context and enters the
+    call's default device before it takes an RNG snapshot and enters its torch function
+    mode; when the snapshot raises (meta tensors), `__exit__` never runs. What was
+    entered is undone here, in reverse order.
+    """
+    from helion._compiler.compile_environment import tls as env_tls
+    from helion.runtime.ref_mode import ref_mode_tls
+    from torch.overrides import _get_current_function_mode_stack
+
+    context = getattr(ref_mode_tls, "context", None)
+    if context is None or context is before:
+        return
+    if any(mode is context.func_mode for mode in _get_current_function_mode_stack()):
+        context.__exit__(None, None, None)
+        return
+    context.device_ctx.__exit__(None, None, None)
+    ref_mode_tls.context = None
+    env_tls.env = None
