@@ -225,6 +225,12 @@ class Sweep:
                     self.console.print(f"[yellow]dropping stale {escape(key)}: not in this spec")
                 bundle = bundle.model_copy(
                     update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
+        # (With --force every combo is re-tuned anyway; a CPU dry run records ref-mode
+        # placeholders, which no compiled kernel would take.)
+        if not self.opt.force and not self.opt.cpu_dry_run:
+            for key, why in _rejected_configs(bundle, planned - stale).items():
+                self.console.print(f"[yellow]{escape(key)}: Helion rejects its config ({escape(why)}); re-tuning it")
+                stale.add(key)
         return bundle, stale
 
     def _resumable(self, path: Path, gpu: GpuInfo, versions: Versions) -> Bundle | None:
@@ -452,6 +458,22 @@ def _stale_keys(bundle: Bundle) -> dict[str, set[str]]:
         if tk is not None and prov.source_sha256 != tk.source_sha256():
             stale[name] = {k for k, e in bundle.entries.items() if e.kernel == name}
     return stale
+
+
+def _rejected_configs(bundle: Bundle, keys: set[str]) -> dict[str, str]:
+    """Key -> why, for the entries among `keys` whose config Helion rejects at their dims
+    (an unknown key, a wrong length, an impossible value): such an entry is not done."""
+    from autotune_cli.lowering import config_problem
+
+    kernels = all_kernels()
+    rejected: dict[str, str] = {}
+    for key in sorted(keys & bundle.entries.keys()):
+        entry = bundle.entries[key]
+        tk = kernels.get(entry.kernel)
+        why = None if tk is None else config_problem(tk, entry)
+        if why is not None:
+            rejected[key] = why
+    return rejected
 
 
 class _BundleWriter:

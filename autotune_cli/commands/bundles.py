@@ -44,7 +44,7 @@ def validate_command(
     lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
 ) -> None:
-    """Validate sweep specs and config bundles; exit 2 on the first invalid file."""
+    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if Helion rejects a config."""
     files = _files(paths)
     if not files:
         fail("no .yaml or .json files under " + ", ".join(map(str, paths)))
@@ -60,6 +60,16 @@ def validate_command(
                 check_bundle_kernels(bundle, str(f))
                 g = bundle.provenance.gpu
                 msg = f"ok  {f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
+                from autotune_cli.lowering import invalid_configs
+
+                if g.arch == "cpu":  # `sweep --cpu-dry-run`: ref mode, where no config applies
+                    msg += ", configs not checked (CPU dry run)"
+                else:
+                    rejected = invalid_configs(bundle)
+                    for key, why in rejected:
+                        err.print(f"{f}: {key}: Helion rejects the config: {why}", style="red", markup=False)
+                    lowering_failed |= bool(rejected)
+                    msg += f", {len(bundle.entries) - len(rejected)}/{len(bundle.entries)} configs valid"
                 if lower:
                     from autotune_cli.lowering import lower_bundle
 

@@ -13,7 +13,11 @@ import math
 
 import torch
 
-from kernels import vocab
+from kernels import ref_mode, vocab
+
+# Every SSD stage imports this module: their tensor-core dots run on CPU tensors in
+# Helion ref mode (tests, `mamba-tune sweep --cpu-dry-run`) from here on.
+ref_mode.install_cpu_dot()
 
 # Bundle-key dims shared by the SSD kernels (each kernel keeps the ones it depends on).
 SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
