@@ -108,15 +108,6 @@ def check_chunk_inputs(x: torch.Tensor, bc_name: str, bc: torch.Tensor, dt: torc
     return batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks
 
 
-def check_no_grad(where: str, **tensors: torch.Tensor | None) -> None:
-    needs = [name for name, t in tensors.items() if t is not None and t.requires_grad]
-    if needs and torch.is_grad_enabled():
-        raise NotImplementedError(
-            f"{where}: the SSD backward is not implemented yet, but {', '.join(needs)} require grad; "
-            "call under torch.no_grad() or detach the inputs"
-        )
-
-
 def expand_D(D: torch.Tensor | None, nheads: int, headdim: int) -> torch.Tensor | None:
     """D (nheads,) or (nheads, headdim) -> a (nheads, headdim) view (stride 0 over headdim for per-head D)."""
     if D is None:
