@@ -10,6 +10,8 @@ later kernels read and for every kernel's expected outputs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,6 +27,18 @@ from kernels.ssd import common
 # Flags a backward stage's dims may leave out: the Mamba-2 mixer's call.
 MIXER_FLAGS = {"has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": 0,
                "has_initial_states": 0}
+
+
+def clamped_default(block_sizes: list[int], block_dims: tuple[str, ...], num_warps: int,
+                    num_stages: int) -> Callable[[dict[str, int]], dict[str, Any]]:
+    """A kernel's default config: these block sizes, each cut to its dim's next power of two
+    (at least 16, the dots' minimum), so that small test shapes get valid blocks too."""
+    def config(dims: dict[str, int]) -> dict[str, Any]:
+        sizes = [min(bs, max(16, 1 << (int(dims[d]) - 1).bit_length())) for bs, d in zip(block_sizes, block_dims,
+                                                                                       strict=True)]
+        return {"block_sizes": sizes, "num_warps": num_warps, "num_stages": num_stages}
+
+    return config
 
 
 @dataclasses.dataclass

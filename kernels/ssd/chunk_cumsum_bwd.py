@@ -189,6 +189,8 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 # block_sizes = [heads per program].
 _SEEDS = common.fixed_seeds([([16], 4, 2), ([8], 4, 2), ([32], 4, 2)])
 
+# Default (no tuned entry): 16 heads per program, as F1.
+_DEFAULT = bwd_common.clamped_default([16], ("nheads",), 4, 2)
 
 SSD_CHUNK_CUMSUM_BWD = register(
     TunableKernel(
@@ -202,6 +204,7 @@ SSD_CHUNK_CUMSUM_BWD = register(
         make_problem=_make_problem,
         make_baseline=_baseline,
         seed_configs=_SEEDS,
+        default_config=_DEFAULT,
         description="SSD B10 with its glue: ddA assembled per position, reverse cumsum, ddt through clamp and "
                     "softplus, dA and ddt_bias partials (mamba-ssm _chunk_cumsum_bwd_kernel + torch ops)",
     )

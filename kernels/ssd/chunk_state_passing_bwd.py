@@ -84,7 +84,7 @@ def chunk_state_passing_bwd_kernel(
                 seq_prev = hl.load(seq_idx, [b, max(c0, 1) - 1]) * min(c, 1)
                 decay = torch.where(seq_last == seq_prev, decay, 0.0)
             prev = prev_states[b, c, h, tile_p, tile_n].to(torch.float32)
-            ddA_last[slot, b, h, c] = decay * torch.sum(grad * prev)
+            ddA_last[slot, b, h, c] = decay * torch.sum(torch.sum(grad * prev, dim=1), dim=0)
             acc = hl.zeros([tile_p, tile_n], dtype=torch.float32)
             for tile_k in hl.tile(c0, c0 + chunk_size, block_size=block_k):
                 valid = tile_k.index < seqlen
@@ -207,6 +207,8 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 _SEEDS = common.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 64, 64], 4, 3),
                              ([64, 64, 32], 4, 3), ([32, 32, 64], 4, 3), ([64, 128, 32], 8, 3)])
 
+# Default (no tuned entry): 32-row state blocks give 512 programs at Nano TP1 (b 2, H 64, P 64, N 128).
+_DEFAULT = bwd_common.clamped_default([32, 64, 64], ("headdim", "dstate", "chunk_size"), 4, 3)
 
 SSD_CHUNK_STATE_PASSING_BWD = register(
     TunableKernel(
@@ -220,6 +222,7 @@ SSD_CHUNK_STATE_PASSING_BWD = register(
         make_problem=_make_problem,
         make_baseline=_baseline,
         seed_configs=_SEEDS,
+        default_config=_DEFAULT,
         description="SSD B2+B3 fused: state gradients by a reverse walk over chunks, dinitial_states and the "
                     "state passing's d dA_last (mamba-ssm _chunk_scan_bwd_dstates_kernel + "
                     "_state_passing_bwd_kernel)",

@@ -220,6 +220,8 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 _SEEDS = common.fixed_seeds([([64, 128, 32, 64], 4, 3), ([64, 64, 32, 64], 4, 3), ([32, 128, 32, 64], 4, 3),
                              ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2), ([32, 64, 32, 32], 4, 3)])
 
+# Default (no tuned entry): two 64 x dstate fp32 accumulators per program want 8 warps.
+_DEFAULT = bwd_common.clamped_default([64, 128, 32, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 8, 2)
 
 SSD_CHUNK_STATE_SCAN_BWD_DBDC = register(
     TunableKernel(
@@ -233,6 +235,7 @@ SSD_CHUNK_STATE_SCAN_BWD_DBDC = register(
         make_problem=_make_problem,
         make_baseline=_baseline,
         seed_configs=_SEEDS,
+        default_config=_DEFAULT,
         description="SSD B5+B6+B7+B8 fused: dB and dC summed over each group's heads in order, dCB in registers "
                     "(mamba-ssm _chunk_state_bwd_db_kernel + _chunk_scan_bwd_dc_kernel + _chunk_scan_bwd_dcb_kernel "
                     "+ _bmm_chunk_bwd_kernel x2)",
