@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import helion
 import torch
 
 from kernels.ssd import (
@@ -202,6 +203,11 @@ class _MambaChunkScanCombined(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+        if x.is_cuda:
+            # Autograd runs CUDA backwards on its own thread, where Triton's allocator (a
+            # context variable Helion sets when a kernel's code loads, on the forward's thread)
+            # is unset: kernels using TMA descriptors then fail to launch (seen on the H200).
+            helion.runtime.set_triton_allocator()
         if dout is None:
             dout = torch.zeros_like(x)
         g = ssd_backward(dout, dfinal, x, dt, A, B, C, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias,
