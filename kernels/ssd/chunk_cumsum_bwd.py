@@ -29,6 +29,7 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
+from kernels.reference import chunk_cumsum_ref
 from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import bwd_common, common
 
@@ -122,29 +123,43 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(softplus)}
 
 
-def reference_rows(s: bwd_common.StageInputs, lowp: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """This kernel's inputs from the reference gradients: rows with one slot, ddA_last with one slot."""
-    g = s.grads(lowp)
-    b, H, nc, Q = s.dt_out.shape
-    ddt = (g["dt_state"] + g["dt_scan"]).float()
-    dydot = g["dA_scan"].float() + s.dt_out * g["dt_scan"].float()
-    rows = torch.stack([ddt, g["dt_state"].float(), dydot]).view(3, 1, b, H, nc * Q).contiguous()
-    return rows, g["dA_last"].float()[None].contiguous()
+class _StageInputs:
+    """dt, A, dt_bias as the combined call draws them; the per-position sums (rows) and the
+    state passing's d dA_last seeded (this stage does not care where they come from; zero
+    past seqlen, as the dx kernel leaves them)."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        small = {**bwd_common.MIXER_FLAGS, **dims, "headdim": 16, "ngroups": 1, "dstate": 16}
+        self.inp = i = common.SSDInputs.make(small, dtype, device, seed)
+        _, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
+        b, H, nc, Q = self.dt_out.shape
+        gen = torch.Generator(device="cpu").manual_seed(seed + 3)
+        valid = (torch.arange(nc * Q) < i.x.shape[1]).float()
+        self.rows = (torch.randn(3, 1, b, H, nc * Q, generator=gen) * valid).to(device)
+        self.ddA_last = torch.randn(1, b, H, nc, generator=gen).to(device)
+
+    def ref(self) -> dict[str, torch.Tensor]:
+        """The gradients through F1 (fp32 in every implementation: one reference for both bounds)."""
+        i = self.inp
+        b, H, nc, Q = self.dt_out.shape
+        leaves = {"dt": i.dt.detach().clone().requires_grad_(), "A": i.A.detach().clone().requires_grad_()}
+        if i.dt_bias is not None:
+            leaves["dt_bias"] = i.dt_bias.detach().clone().requires_grad_()
+        r = self.rows.sum(1).view(3, b, H, nc, Q)
+        ddA = r[2] - self.dt_out * r[0]
+        ddA[..., -1] += (self.dt_out * r[1]).sum(-1) + self.ddA_last.sum(0)
+        with torch.enable_grad():
+            dA, dt_out = chunk_cumsum_ref(leaves["dt"], leaves["A"], i.chunk_size, leaves.get("dt_bias"),
+                                          i.dt_softplus, i.dt_limit)
+            grads = torch.autograd.grad([dA, dt_out], list(leaves.values()), [ddA, r[0]])
+        return {{"dt": "ddt", "A": "dA", "dt_bias": "ddt_bias"}[k]: g.float() for k, g in zip(leaves, grads,
+                                                                                             strict=True)}
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    # The headdim/dstate-sized stages upstream do not matter here: small ones keep the reference cheap.
-    s = bwd_common.StageInputs.make({**dims, "headdim": 16, "ngroups": 1, "dstate": 16}, dtype, device, seed)
+    s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
-    rows, ddA_last = reference_rows(s, lowp=False)
-    args = (rows, ddA_last, i.dt, i.A, i.dt_bias, *map(float, i.dt_limit), i.chunk_size, i.dt_softplus)
-
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.grads(lowp)
-        out = {"ddt": g["dt"].float(), "dA": g["A"].float()}
-        if i.dt_bias is not None:
-            out["ddt_bias"] = g["dt_bias"].float()
-        return out
+    args = (s.rows, s.ddA_last, i.dt, i.A, i.dt_bias, *map(float, i.dt_limit), i.chunk_size, i.dt_softplus)
 
     def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {"ddt": res[0].float(), "dA": res[1].sum(dim=(0, 1))}
@@ -154,10 +169,10 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
 
     return Problem(
         args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
+        reference=s.ref,
+        lowp_reference=s.ref,
         outputs=outputs,
-        bytes_moved=rows.numel() * 4 + 2 * i.dt.numel() * i.dt.element_size(),
+        bytes_moved=s.rows.numel() * 4 + 2 * i.dt.numel() * i.dt.element_size(),
     )
 
 
@@ -166,14 +181,13 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     if found is None or device.type != "cuda":
         return None
     mods, name = found
-    s = bwd_common.StageInputs.make({**dims, "headdim": 16, "ngroups": 1, "dstate": 16}, dtype, device, seed)
+    s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
-    rows, ddA_last = reference_rows(s, lowp=False)
     b, H, nc, Q = s.dt_out.shape
-    ddA = rows[2, 0].view(b, H, nc, Q)
-    ddt_out = rows[0, 0].view(b, H, nc, Q)
+    ddA = s.rows[2, 0].view(b, H, nc, Q)
+    ddt_out = s.rows[0, 0].view(b, H, nc, Q)
     ddA_next = torch.zeros_like(ddA)
-    dA_last = ddA_last[0]
+    dA_last = s.ddA_last[0]
 
     # mamba-ssm's glue (flip-cumsum-flip, adds) and its cumsum backward kernel.
     def fn() -> Any:

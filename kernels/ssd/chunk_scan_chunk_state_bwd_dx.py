@@ -140,17 +140,23 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
         if z is not None:
             z_m = z[b, tile_m, h, tile_p].to(torch.float32)
             sig = torch.sigmoid(z_m)
-            dout_m = (dy_m * z_m * sig).to(x.dtype).to(torch.float32)
+            # The gated dout in fp32 for the D terms (dD sums over the whole sequence: with
+            # dout rounded to bf16 first, dD per headdim was 1e4x further from fp32 than
+            # mamba-ssm's at Nano TP1 on the H200); rounded, as the other kernels read it,
+            # for dout . y (which pairs with their terms in ddA).
+            dout_f = dy_m * z_m * sig
+            dout_m = dout_f.to(x.dtype).to(torch.float32)
         else:
+            dout_f = dy_m
             dout_m = dy_m
         raw = raw_state + raw_scan
         dx_m = raw * dt_m[:, None]
         y_pre = y
         if D is not None:
             d_hp = D[h, tile_p].to(torch.float32)
-            dx_m = dx_m + dout_m * d_hp[None, :]
+            dx_m = dx_m + dout_f * d_hp[None, :]
             y_pre = y + x_m * d_hp[None, :]
-            dD_part[b, tile_m.id, h, tile_p] = torch.sum(dout_m * x_m, dim=0)
+            dD_part[b, tile_m.id, h, tile_p] = torch.sum(dout_f * x_m, dim=0)
         dx[b, tile_m, h, tile_p] = dx_m.to(dx.dtype)
         if z is not None:
             dz[b, tile_m, h, tile_p] = (dy_m * y_pre * sig * (1.0 + z_m * (1.0 - sig))).to(dz.dtype)
@@ -204,7 +210,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     i = s.inp
     b, L, H, P = i.x.shape
     nc, Q = s.dt_out.shape[2], s.dt_out.shape[3]
-    dstates = s.grads(False)["states"].to(dtype)
+    dstates = s.dstates_lowp
     rows = torch.zeros((3, -(-P // SLOT), b, H, nc * Q), dtype=torch.float32, device=device)
     dD_part = torch.zeros((b, -(-L // SLOT), H, P), dtype=torch.float32, device=device)
     dz = None if i.z is None else torch.empty_like(i.z)
@@ -212,7 +218,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
             common.expand_D(i.D, H, P), i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.grads(lowp)
+        g = s.stage_grads(lowp)
         out = {"dx": g["x"].float(), "ddt": (g["dt_state"] + g["dt_scan"]).float(),
                "ddt_state": g["dt_state"].float(), "ddA_scan": g["dA_scan"].float()}
         if i.z is not None:
@@ -253,7 +259,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     mods, name = found
     s = bwd_common.StageInputs.make(dims, dtype, device, seed)
     i = s.inp
-    dstates = s.grads(False)["states"].to(dtype)
+    dstates = s.dstates_lowp
     dout = s.gated_dout()
     out_x = torch.randn_like(i.x)
 

@@ -155,7 +155,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     args = (dstates, ddA_last, s.dy, i.z, i.C, s.dA_cumsum, s.prev_states_lowp, s.dfinal, i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.grads(lowp)
+        g = s.stage_grads(lowp)
         out = {"dstates": g["states"], "ddA_last": g["dA_last"]}
         if s.dfinal is not None:
             out["dinitial_states"] = g["initial_states"]

@@ -172,11 +172,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     s = bwd_common.StageInputs.make(dims, dtype, device, seed)
     i = s.inp
-    dstates = s.grads(False)["states"].to(dtype)
+    dstates = s.dstates_lowp
     args = (s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates, i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.grads(lowp)
+        g = s.stage_grads(lowp)
         return {"dB": g["B"].float(), "dC": g["C"].float()}
 
     b, L, H, P = i.x.shape
@@ -201,7 +201,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     s = bwd_common.StageInputs.make(dims, dtype, device, seed)
     i = s.inp
     G = i.B.shape[2]
-    dstates = s.grads(False)["states"].to(dtype)
+    dstates = s.dstates_lowp
     dout = s.gated_dout()
     cs, sc, bm = mods["chunk_state"], mods["chunk_scan"], mods["bmm"]
 

@@ -51,10 +51,13 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
 
 # --- each backward kernel through its tuning record -----------------------------------
 
+# bf16's atol is half an ulp at the gradient's largest entry: the kernels read the entering
+# states in bf16 (as mamba-ssm's dC and dstates kernels do) where the stage reference in
+# eager bf16 keeps its state passing in fp32 (d dA_last came out 1.2x over 2x + 1e-3).
 STAGE_RUNS = [
     pytest.param(torch.float32, 1e-5, "min", id="fp32-min-blocks"),
-    pytest.param(torch.bfloat16, 1e-3, "min", id="bf16-min-blocks"),
-    pytest.param(torch.bfloat16, 1e-3, "max", id="bf16-max-blocks"),
+    pytest.param(torch.bfloat16, 2e-3, "min", id="bf16-min-blocks"),
+    pytest.param(torch.bfloat16, 2e-3, "max", id="bf16-max-blocks"),
 ]
 
 
@@ -194,3 +197,14 @@ def test_no_grad_needed_runs_the_forward_only():
     assert out.requires_grad
     (dx,) = torch.autograd.grad(out.sum(), [x])
     assert dx.shape == x.shape
+
+
+@pytest.mark.parametrize("ssd_ref_mode", ["max"], indirect=True)
+def test_dD_with_z_keeps_fp32_dout(ssd_ref_mode):
+    # dD sums dout * x over the whole sequence: with dout = dy * silu(z) rounded to bf16
+    # before the sum, dD per headdim was 1e4x further from fp32 than mamba-ssm's at Nano
+    # TP1 on the H200. In fp32 it matches the fp32 reference to fp32 rounding.
+    i = _inputs((1, 1024, 1, 16, 1, 16, 64), {"has_D": 1, "has_z": 1, "D_per_head": False}, torch.bfloat16)
+    dy, _ = _out_grads(i, False)
+    ours, ref = _our_grads(i, dy, None), _recurrent_grads(i, dy, None)
+    assert _max_err(ours["D"], ref["D"]) <= 1e-4 * ref["D"].abs().max().item()
