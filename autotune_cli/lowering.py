@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from autotune_cli.tuning import ModelShape, TunableKernel, all_kernels
 from kernels.bundle import Bundle
-from kernels.registry import DTYPES, ModelShape, TunableKernel, all_kernels
+from kernels.vocab import torch_dtype
 
 
 def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any] | None) -> str:
@@ -17,7 +18,7 @@ def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str,
 
     if os.environ.get("HELION_INTERPRET") == "1":
         raise RuntimeError("lowering needs compiled mode: unset HELION_INTERPRET")
-    problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
+    problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
     bound = tk.kernel.bind(problem.args)
     cfg = tk.default_for(bound, dims) if config is None else helion.Config.from_dict(config)
     return bound.to_triton_code(cfg)
@@ -83,7 +84,7 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
 
     from autotune_cli.tuner import seed_configs
 
-    problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
+    problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
     bound = tk.kernel.bind(problem.args)
     gen = bound.config_spec.create_config_generation(overrides=None, advanced_controls_files=None,
                                                      process_group_name=None)

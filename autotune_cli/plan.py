@@ -6,11 +6,11 @@ import dataclasses
 import itertools
 
 from autotune_cli.spec import Budget, Spec
+from autotune_cli.tuning import ModelShape, all_kernels
 from kernels.bundle import entry_key
-from kernels.registry import ModelShape, all_kernels
 
 # Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
-# with Helion 1.5.0 (../shared/device/README.md: quick = 1.5-4.5 minutes per kernel x
+# with Helion 1.5.0 (the H200 notes: quick = 1.5-4.5 minutes per kernel x
 # shape; full = 1-2 hours); plus checking and timing the winner.
 EFFORT_SECONDS = {"none": 5.0, "quick": 180.0, "full": 5400.0}
 CHECK_SECONDS = 25.0

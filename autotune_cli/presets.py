@@ -1,4 +1,4 @@
-"""Mamba-2 layer dims of real models (from ../shared/reference/mamba2-kernels.md) and GPU SKUs."""
+"""Mamba-2 layer dims of real models (from each model's published config) and GPU SKUs."""
 
 from __future__ import annotations
 

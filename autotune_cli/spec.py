@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, ModelDims
+from kernels.vocab import DtypeName
 
 SEARCH_ALGORITHMS = (
     "LFBOTreeSearch",
@@ -45,7 +46,6 @@ SEARCH_ALGORITHMS = (
     "RandomSearch",
 )
 Effort = Literal["none", "quick", "full"]
-DtypeName = Literal["bf16", "fp16", "fp32"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]
 
 
@@ -257,7 +257,7 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:
-    from kernels.registry import all_kernels
+    from autotune_cli.tuning import all_kernels
 
     target = model.target
     sku = GPU_SKUS[target.gpu]

@@ -18,16 +18,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 from rich.console import Console
+from rich.status import Status
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
+from autotune_cli.tuning import all_kernels
 from autotune_cli.worker import STACKS_SIGNAL
 from kernels.bundle import (
     Bundle,
@@ -42,7 +45,6 @@ from kernels.bundle import (
     load_bundle,
     write_bundle,
 )
-from kernels.registry import all_kernels
 
 
 class SweepInputError(Exception):
@@ -198,8 +200,35 @@ class Sweep:
 
     def _existing(self, path: Path, gpu: GpuInfo, versions: Versions) -> tuple[Bundle | None, set[str]]:
         """The bundle to resume, and the keys in it that must be re-tuned (stale)."""
-        if not path.exists():
+        bundle = self._resumable(path, gpu, versions)
+        if bundle is None:
             return None, set()
+        planned = {c.key for c in self.combos}
+        if not _same_versions(bundle.provenance.versions, versions):
+            # Only with --force on the whole spec (`_resumable` refuses the rest).
+            for key in sorted(set(bundle.entries) - planned):
+                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
+            bundle = bundle.model_copy(update={
+                "entries": {k: v for k, v in bundle.entries.items() if k in planned},
+                "failures": {k: v for k, v in bundle.failures.items() if k in planned},
+            })
+        stale: set[str] = set()
+        for name, keys in _stale_keys(bundle).items():
+            self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
+            stale |= keys
+            # Stale entries outside this spec would keep a provenance that no longer holds.
+            drop = keys - planned
+            if drop:
+                for key in sorted(drop):
+                    self.console.print(f"[yellow]dropping stale {key}: not in this spec")
+                bundle = bundle.model_copy(
+                    update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
+        return bundle, stale
+
+    def _resumable(self, path: Path, gpu: GpuInfo, versions: Versions) -> Bundle | None:
+        """The bundle at `path` if this run may resume it (None: there is none); else SweepInputError."""
+        if not path.exists():
+            return None
         try:
             bundle = load_bundle(path)
         except BundleError as e:
@@ -211,7 +240,7 @@ class Sweep:
                 f"(sm {gpu.compute_capability}): use another -o"
             )
         ov = bundle.provenance.versions
-        if (ov.helion, ov.torch, ov.triton) != (versions.helion, versions.torch, versions.triton):
+        if not _same_versions(ov, versions):
             tuned_with = (f"{path} was tuned with helion {ov.helion}, torch {ov.torch}, triton {ov.triton}; this is "
                           f"helion {versions.helion}, torch {versions.torch}, triton {versions.triton}")
             if self.opt.partial:
@@ -222,31 +251,7 @@ class Sweep:
             if not self.opt.force:
                 raise SweepInputError(f"{tuned_with}. Pass --force to re-tune every combo of the spec "
                                       "(entries outside it are dropped)")
-            planned = {c.key for c in self.combos}
-            dropped = sorted(set(bundle.entries) - planned)
-            for key in dropped:
-                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
-            bundle = bundle.model_copy(update={
-                "entries": {k: v for k, v in bundle.entries.items() if k in planned},
-                "failures": {k: v for k, v in bundle.failures.items() if k in planned},
-            })
-        stale: set[str] = set()
-        kernels = all_kernels()
-        for name, prov in bundle.provenance.kernels.items():
-            tk = kernels.get(name)
-            if tk is not None and prov.source_sha256 != tk.source_sha256():
-                keys = {k for k, e in bundle.entries.items() if e.kernel == name}
-                self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
-                stale |= keys
-                # Stale entries outside this spec would keep a provenance that no longer holds.
-                planned = {c.key for c in self.combos}
-                drop = keys - planned
-                if drop:
-                    for key in sorted(drop):
-                        self.console.print(f"[yellow]dropping stale {key}: not in this spec")
-                    bundle = bundle.model_copy(
-                        update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
-        return bundle, stale
+        return bundle
 
     # --- workers ----------------------------------------------------------------------
 
@@ -360,100 +365,168 @@ class Sweep:
 
         log_dir = self.opt.log_dir / gpu.sku / self.bundle_name
         log_dir.mkdir(parents=True, exist_ok=True)
-        created = bundle.provenance.created if bundle else env.now()
-        kernels_prov: dict[str, KernelProvenance] = dict(bundle.provenance.kernels) if bundle else {}
-        base = bundle
-
-        def save(entry: Entry | None, failure: Failure | None, kprov: KernelProvenance | None) -> None:
-            nonlocal base
-            stamp = env.now()
-            if kprov is not None:
-                kernels_prov[(entry or failure).kernel] = kprov  # type: ignore[union-attr]
-            prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=created, updated=stamp,
-                              gpu=gpu, versions=versions, spec=self.spec_ref, kernels=dict(kernels_prov))
-            cur = base or Bundle(provenance=prov)
-            cur = cur.model_copy(update={"provenance": prov})
-            cur = cur.with_entry(entry, updated=stamp) if entry is not None else cur.with_failure(failure, updated=stamp)  # type: ignore[arg-type]
-            write_bundle(cur, path)
-            base = cur
-
+        writer = _BundleWriter(path, bundle, gpu, versions, self.spec_ref)
         queue = [(i, c, False) for i, c in enumerate(todo, start=1)]
         running: list[_Running] = []
         free: list[int | None] = list(slots)
-        t0 = time.monotonic()
-        durations: list[float] = []
-        last_note = 0.0
-        n = len(todo)
-        finished = 0
-        def eta() -> str:
-            remaining = n - finished
-            if not remaining:
-                return "0m00s"
-            # Until a combo finishes, the plan's estimate for this budget.
-            per = (sum(durations) / len(durations)) if durations else estimate_seconds_for(self.budget)
-            return _fmt_s(per * remaining / len(slots))
+        progress = _Progress(con, len(todo), len(slots), self.budget)
 
         with tempfile.TemporaryDirectory(prefix="mamba-tune-sweep-") as tmpdir, con.status("") as status:
             tmp = Path(tmpdir)
             try:
                 while queue or running:
-                    while queue and free:
-                        i, combo, isolated = queue.pop(0)
-                        slot = free.pop(0)
-                        # A re-tuned key starts its search from the config it has now.
-                        warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
-                        running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
+                    self._fill_slots(queue, free, running, tmp, log_dir, bundle)
                     time.sleep(0.5)
                     now = time.monotonic()
-                    for run in list(running):
-                        timed_out = run.proc.poll() is None and now > run.deadline
-                        if run.proc.poll() is None and not timed_out:
-                            continue
-                        if timed_out:
-                            self._kill(run, dump_stacks=True)
-                        running.remove(run)
-                        free.append(run.slot)
+                    for run, timed_out in self._reap(running, free, now):
                         result = None if timed_out else self._result(run)
-                        if result is not None and isolated_retry(result, run.isolated, os.environ):
-                            first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
-                            con.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
-                                      f"({first}); retrying in a fresh "
-                                      f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
-                            queue.insert(0, (run.index, run.combo, True))
+                        if self._retry_isolated(run, result, queue):
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
-                        save(entry, failure, kprov)
-                        took = now - run.started
-                        durations.append(took)
-                        finished += 1
+                        writer.save(entry, failure, kprov)
+                        took = progress.combo_done(run, entry, failure, now)
                         results.append(ComboResult(run.combo, entry, failure, took))
-                        head = f"[{finished}/{n}] {run.combo.label()}"
-                        if entry is not None:
-                            con.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
-                                      f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
-                        else:
-                            con.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
-                                      f"elapsed {_fmt_s(now - t0)}, ETA {eta()}")
-                    parts = []
-                    for run in running:
-                        st = run.status()
-                        best = st.get("best_ms")
-                        parts.append(
-                            f"{run.combo.kernel} {st.get('phase', 'starting')} {_fmt_s(now - run.started)}"
-                            + (f" best {best:.4f} ms" if isinstance(best, (int, float)) else "")
-                            + (f" ({st['configs']} configs)" if st.get("configs") else ""))
-                    line = (f"[{finished}/{n}] elapsed {_fmt_s(now - t0)} ETA {eta()} | " + "; ".join(parts))
-                    status.update(line)
-                    if not con.is_terminal and now - last_note > 60:
-                        con.print(line)
-                        last_note = now
+                    progress.show(status, running, now)
             except KeyboardInterrupt:
                 for run in running:
                     self._kill(run)
-                con.print(f"[yellow]interrupted: {finished}/{n} combos written to {path}; "
+                con.print(f"[yellow]interrupted: {progress.finished}/{progress.total} combos written to {path}; "
                           "rerun the same command to resume")
                 raise
         return SweepResult(path, results)
+
+    # --- scheduling and retry ---------------------------------------------------------
+
+    def _fill_slots(self, queue: list[tuple[int, Combo, bool]], free: list[int | None], running: list[_Running],
+                    tmp: Path, log_dir: Path, bundle: Bundle | None) -> None:
+        """Start queued combos (index, combo, isolated) while a GPU slot is free."""
+        while queue and free:
+            i, combo, isolated = queue.pop(0)
+            slot = free.pop(0)
+            # A re-tuned key starts its search from the config it has now.
+            warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
+            running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
+
+    def _reap(self, running: list[_Running], free: list[int | None], now: float) -> Iterator[tuple[_Running, bool]]:
+        """The workers that ended, or ran past their deadline (killed): (run, timed_out), slots freed."""
+        for run in list(running):
+            timed_out = run.proc.poll() is None and now > run.deadline
+            if run.proc.poll() is None and not timed_out:
+                continue
+            if timed_out:
+                self._kill(run, dump_stacks=True)
+            running.remove(run)
+            free.append(run.slot)
+            yield run, timed_out
+
+    def _retry_isolated(self, run: _Running, result: dict[str, Any] | None,
+                        queue: list[tuple[int, Combo, bool]]) -> bool:
+        """Queue the combo again, first, in an isolated worker when `isolated_retry` says so."""
+        if result is None or not isolated_retry(result, run.isolated, os.environ):
+            return False
+        first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
+        self.console.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
+                           f"({first}); retrying in a fresh "
+                           f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
+        queue.insert(0, (run.index, run.combo, True))
+        return True
+
+
+def _same_versions(a: Versions, b: Versions) -> bool:
+    return (a.helion, a.torch, a.triton) == (b.helion, b.torch, b.triton)
+
+
+def _stale_keys(bundle: Bundle) -> dict[str, set[str]]:
+    """Kernel -> its entry keys, for each kernel whose source changed since the bundle tuned it."""
+    kernels = all_kernels()
+    stale: dict[str, set[str]] = {}
+    for name, prov in bundle.provenance.kernels.items():
+        tk = kernels.get(name)
+        if tk is not None and prov.source_sha256 != tk.source_sha256():
+            stale[name] = {k for k, e in bundle.entries.items() if e.kernel == name}
+    return stale
+
+
+class _BundleWriter:
+    """Persistence: each finished combo's entry or failure goes into the bundle at once,
+    rewritten atomically, with the provenance brought up to date."""
+
+    def __init__(self, path: Path, bundle: Bundle | None, gpu: GpuInfo, versions: Versions,
+                 spec_ref: SpecRef | None) -> None:
+        self.path = path
+        self.bundle = bundle
+        self.gpu = gpu
+        self.versions = versions
+        self.spec_ref = spec_ref
+        self.created = bundle.provenance.created if bundle else env.now()
+        self.kernels: dict[str, KernelProvenance] = dict(bundle.provenance.kernels) if bundle else {}
+
+    def save(self, entry: Entry | None, failure: Failure | None, kprov: KernelProvenance | None) -> None:
+        stamp = env.now()
+        if kprov is not None:
+            self.kernels[(entry or failure).kernel] = kprov  # type: ignore[union-attr]
+        prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=self.created,
+                          updated=stamp, gpu=self.gpu, versions=self.versions, spec=self.spec_ref,
+                          kernels=dict(self.kernels))
+        cur = self.bundle or Bundle(provenance=prov)
+        cur = cur.model_copy(update={"provenance": prov})
+        cur = cur.with_entry(entry, updated=stamp) if entry is not None else cur.with_failure(failure, updated=stamp)  # type: ignore[arg-type]
+        write_bundle(cur, self.path)
+        self.bundle = cur
+
+
+class _Progress:
+    """Progress on the console: a line per finished combo, a status line for the running
+    ones (printed once a minute where the console is not a terminal), the ETA."""
+
+    def __init__(self, console: Console, total: int, nslots: int, budget: Budget) -> None:
+        self.console = console
+        self.total = total
+        self.nslots = nslots
+        self.budget = budget
+        self.t0 = time.monotonic()
+        self.durations: list[float] = []
+        self.finished = 0
+        self.last_note = 0.0
+
+    def eta(self) -> str:
+        remaining = self.total - self.finished
+        if not remaining:
+            return "0m00s"
+        # Until a combo finishes, the plan's estimate for this budget.
+        per = (sum(self.durations) / len(self.durations)) if self.durations else estimate_seconds_for(self.budget)
+        return _fmt_s(per * remaining / self.nslots)
+
+    def combo_done(self, run: _Running, entry: Entry | None, failure: Failure | None, now: float) -> float:
+        """Count a finished combo and print its line; returns how long it took."""
+        took = now - run.started
+        self.durations.append(took)
+        self.finished += 1
+        head = f"[{self.finished}/{self.total}] {run.combo.label()}"
+        if entry is not None:
+            self.console.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
+                               f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
+        else:
+            self.console.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
+                               f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
+        return took
+
+    def show(self, status: Status, running: list[_Running], now: float) -> None:
+        """The status line: each running combo's phase, time and best so far."""
+        parts = []
+        for run in running:
+            st = run.status()
+            best = st.get("best_ms")
+            parts.append(
+                f"{run.combo.kernel} {st.get('phase', 'starting')} {_fmt_s(now - run.started)}"
+                + (f" best {best:.4f} ms" if isinstance(best, (int, float)) else "")
+                + (f" ({st['configs']} configs)" if st.get("configs") else ""))
+        line = (f"[{self.finished}/{self.total}] elapsed {_fmt_s(now - self.t0)} ETA {self.eta()} | "
+                + "; ".join(parts))
+        status.update(line)
+        if not self.console.is_terminal and now - self.last_note > 60:
+            self.console.print(line)
+            self.last_note = now
 
 
 def _tail(path: Path, lines: int = 3) -> str:

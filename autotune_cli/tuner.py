@@ -20,8 +20,10 @@ import torch
 
 from autotune_cli.environment import now
 from autotune_cli.spec import Budget, Tolerance
+from autotune_cli.timing import gpu_median_ms
+from autotune_cli.tuning import Problem, TunableKernel, get
 from kernels.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
-from kernels.registry import DTYPES, Problem, TunableKernel, get
+from kernels.vocab import torch_dtype
 
 
 class TuneFailure(Exception):
@@ -89,9 +91,7 @@ def accuracy_reason(acc: Accuracy) -> str:
 def bench_ms(fn: Callable[[], Any], device: torch.device) -> float:
     """Median ms: triton.testing.do_bench on CUDA (L2 flushed between runs), wall clock on CPU."""
     if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return gpu_median_ms(fn, rep_ms=100)
     fn()
     times = []
     for _ in range(5):
@@ -221,7 +221,7 @@ def tune(
     warm_start: dict[str, Any] | None = None,
 ) -> Outcome:
     tk = get(kernel_name)
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     interpret = ref_mode(tk)
     device = torch.device("cpu" if interpret else "cuda")
     if not interpret and not torch.cuda.is_available():

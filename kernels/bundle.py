@@ -18,7 +18,6 @@ Layout (keys sorted, two-space indent, lists of scalars on one line, so that a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -28,8 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kernels.vocab import DtypeName
+
 SCHEMA_VERSION = 1
-DTYPES = ("bf16", "fp16", "fp32")
 
 
 class BundleError(ValueError):
@@ -118,7 +118,7 @@ class Accuracy(_Model):
 class Entry(_Model):
     kernel: str
     dims: dict[str, int]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: DtypeName
     config: dict[str, Any]
     timing: Timing
     speedup: Speedup
@@ -134,7 +134,7 @@ class Entry(_Model):
 class Failure(_Model):
     kernel: str
     dims: dict[str, int]
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: DtypeName
     reason: str
     at: str
 
@@ -270,10 +270,6 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def find_bundles(paths: list[Path]) -> list[Path]:

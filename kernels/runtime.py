@@ -16,12 +16,19 @@ once, naming the missing key and the command that tunes it. Bundles tuned on ano
 compute capability, or for a kernel whose source has changed since, are skipped with
 one warning. Autotuning is impossible on this path: every runtime kernel is declared
 with ``autotuner_fn=refuse_autotune``.
+
+Each kernel file declares its `RuntimeKernel` next to its code: the name, the bundle key
+dims read from the call's arguments and the default config. There is no list of all
+kernels here: a kernel's entries are indexed, and checked against its source hash, the
+first time that kernel is resolved.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import inspect
 import logging
 import math
 import os
@@ -33,8 +40,8 @@ from typing import Any
 
 import torch
 
+from kernels import vocab
 from kernels.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
-from kernels.registry import DTYPE_NAMES, TunableKernel, all_kernels
 
 log = logging.getLogger("mamba_tune")
 
@@ -66,6 +73,55 @@ def refuse_autotune(bound_kernel: Any, args: Sequence[object], **kwargs: object)
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimeKernel:
+    """What the runtime needs to know of one Helion kernel to pick and compile its config."""
+
+    name: str
+    family: str
+    kernel: Any  # helion.Kernel
+    # Bundle key dims, in key order. All ints (flags are 0/1).
+    dims: tuple[str, ...]
+    # Dims that the runtime's "nearest" rule may vary (sizes, not structure).
+    size_dims: tuple[str, ...]
+    # Key dims from the kernel's own arguments (what the runtime sees).
+    dims_from_args: Callable[[Sequence[Any]], dict[str, int]]
+    # The kernel's default config at these dims (a config dict, which may leave keys out),
+    # where Helion's own default is impractical: what a shape with no tuned entry runs, the
+    # search's accuracy baseline, and what `speedup.vs_default` compares against. None:
+    # Helion's default. (Helion's default for the norm backward at a 2048-wide group puts
+    # 16 whole rows in one program's registers; Triton spent minutes compiling it.)
+    default_config: Callable[[dict[str, int]], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        bad = set(self.size_dims) - set(self.dims)
+        if bad:
+            raise ValueError(f"{self.name}: size_dims {sorted(bad)} are not key dims")
+
+    def source_sha256(self) -> str:
+        """What a bundle's provenance records: a changed kernel invalidates its entries."""
+        return kernel_source_sha256(self.kernel)
+
+    def default_for(self, bound: Any, dims: dict[str, int]) -> Any:
+        """The default config (a helion.Config) for a kernel bound to arguments with these dims."""
+        import helion
+        from helion.runtime.settings import RefMode
+
+        if self.default_config is None or self.kernel.settings.ref_mode != RefMode.OFF:
+            # (In Helion ref mode no config applies, and the config spec is empty.)
+            return bound.config_spec.default_config()
+
+        config = helion.Config.from_dict(self.default_config(dims))
+        bound.config_spec.normalize(config)
+        return config
+
+
+def kernel_source_sha256(kernel: Any) -> str:
+    """sha256 of the kernel function's source, decorator included."""
+    fn = getattr(kernel, "fn", kernel)
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
 class Resolution:
     config: dict[str, Any] | None  # None: the kernel's default config
     source: str  # "exact <bundle>", "nearest <key> <bundle>", "default"
@@ -73,9 +129,10 @@ class Resolution:
 
 
 @dataclasses.dataclass
-class _Loaded:
-    # kernel name -> dtype -> list of (entry, bundle path)
-    by_kernel: dict[str, dict[str, list[tuple[Entry, Path]]]]
+class _KernelIndex:
+    # dtype -> list of (entry, bundle path), and key -> (entry, bundle path): one kernel's
+    # usable entries, the first bundle winning a duplicate key.
+    by_dtype: dict[str, list[tuple[Entry, Path]]]
     exact: dict[str, tuple[Entry, Path]]
 
 
@@ -95,14 +152,14 @@ class ConfigStore:
         self.paths = list(paths)
         self.compute_capability = compute_capability
         self._warn = warn
-        self._loaded: _Loaded | None = None
+        self._bundles: list[tuple[Bundle, Path]] | None = None
+        self._indexes: dict[str, _KernelIndex] = {}
 
-    def _load(self) -> _Loaded:
-        if self._loaded is not None:
-            return self._loaded
-        kernels = all_kernels()
-        by_kernel: dict[str, dict[str, list[tuple[Entry, Path]]]] = {}
-        exact: dict[str, tuple[Entry, Path]] = {}
+    def _load(self) -> list[tuple[Bundle, Path]]:
+        """The usable bundles for this compute capability, in path order (read once)."""
+        if self._bundles is not None:
+            return self._bundles
+        bundles: list[tuple[Bundle, Path]] = []
         for path in find_bundles(self.paths):
             try:
                 bundle: Bundle = load_bundle(path)
@@ -114,55 +171,66 @@ class ConfigStore:
                 log.info("skipping %s: tuned on %s (sm %s), this GPU is sm %s", path, gpu.name,
                          gpu.compute_capability, self.compute_capability)
                 continue
-            stale: set[str] = set()
-            for name, prov in bundle.provenance.kernels.items():
-                tk = kernels.get(name)
-                if tk is not None and prov.source_sha256 != tk.source_sha256():
-                    stale.add(name)
-                    self._warn(
-                        f"{path}: kernel {name} changed since it was tuned (source hash "
-                        f"{prov.source_sha256[:12]} != {tk.source_sha256()[:12]}); its entries are not used. "
-                        f"`mamba-tune sweep SPEC` re-tunes them"
-                    )
-            for key, entry in bundle.entries.items():
-                if entry.kernel in stale or entry.kernel not in kernels:
-                    continue
-                if key in exact:
-                    log.info("%s: %s also in %s; keeping the first", path, key, exact[key][1])
-                    continue
-                exact[key] = (entry, path)
-                by_kernel.setdefault(entry.kernel, {}).setdefault(entry.dtype, []).append((entry, path))
-        self._loaded = _Loaded(by_kernel=by_kernel, exact=exact)
-        log.info("loaded %d tuned configs from %s", len(exact), ", ".join(map(str, self.paths)))
-        return self._loaded
+            bundles.append((bundle, path))
+        self._bundles = bundles
+        log.info("loaded %d tuned configs from %s", sum(len(b.entries) for b, _ in bundles),
+                 ", ".join(map(str, self.paths)))
+        return bundles
 
-    def resolve(self, tk: TunableKernel, dims: dict[str, int], dtype: str, mode: Mode) -> Resolution:
-        key = entry_key(tk.name, dims, dtype)
+    def _index(self, rk: RuntimeKernel) -> _KernelIndex:
+        """One kernel's entries; a bundle that tuned an older source of it is skipped with a warning."""
+        index = self._indexes.get(rk.name)
+        if index is not None:
+            return index
+        index = _KernelIndex(by_dtype={}, exact={})
+        source_sha256 = rk.source_sha256()
+        for bundle, path in self._load():
+            prov = bundle.provenance.kernels.get(rk.name)
+            if prov is not None and prov.source_sha256 != source_sha256:
+                self._warn(
+                    f"{path}: kernel {rk.name} changed since it was tuned (source hash "
+                    f"{prov.source_sha256[:12]} != {source_sha256[:12]}); its entries are not used. "
+                    f"`mamba-tune sweep SPEC` re-tunes them"
+                )
+                continue
+            for key, entry in bundle.entries.items():
+                if entry.kernel != rk.name:
+                    continue
+                if key in index.exact:
+                    log.info("%s: %s also in %s; keeping the first", path, key, index.exact[key][1])
+                    continue
+                index.exact[key] = (entry, path)
+                index.by_dtype.setdefault(entry.dtype, []).append((entry, path))
+        self._indexes[rk.name] = index
+        return index
+
+    def resolve(self, rk: RuntimeKernel, dims: dict[str, int], dtype: str, mode: Mode) -> Resolution:
+        key = entry_key(rk.name, dims, dtype)
         if mode is Mode.default:
             return Resolution(None, "default (mode=default)", key)
-        loaded = self._load()
-        hit = loaded.exact.get(key)
+        index = self._index(rk)
+        hit = index.exact.get(key)
         if hit is not None:
             return Resolution(dict(hit[0].config), f"exact {hit[1]}", key)
         if mode is Mode.nearest:
-            near = nearest_entry(tk, dims, [e for e, _ in loaded.by_kernel.get(tk.name, {}).get(dtype, [])])
+            near = nearest_entry(rk, dims, [e for e, _ in index.by_dtype.get(dtype, [])])
             if near is not None:
-                path = loaded.exact[near.key][1]
+                path = index.exact[near.key][1]
                 return Resolution(dict(near.config), f"nearest {near.key} {path}", key)
         return Resolution(None, "default", key)
 
 
-def nearest_entry(tk: TunableKernel, dims: dict[str, int], candidates: Sequence[Entry]) -> Entry | None:
+def nearest_entry(rk: RuntimeKernel, dims: dict[str, int], candidates: Sequence[Entry]) -> Entry | None:
     """The documented nearest rule (see the module docstring); ties go to the smaller shape."""
     best: tuple[float, tuple[int, ...], Entry] | None = None
     for entry in candidates:
         if entry.dims.keys() != dims.keys():
             continue
-        if any(entry.dims[d] != dims[d] for d in dims if d not in tk.size_dims):
+        if any(entry.dims[d] != dims[d] for d in dims if d not in rk.size_dims):
             continue
         dist = 0.0
         ok = True
-        for d in tk.size_dims:
+        for d in rk.size_dims:
             a, b = entry.dims[d], dims[d]
             if a <= 0 or b <= 0 or max(a, b) / min(a, b) > NEAREST_MAX_RATIO:
                 ok = False
@@ -170,15 +238,15 @@ def nearest_entry(tk: TunableKernel, dims: dict[str, int], candidates: Sequence[
             dist += abs(math.log(a / b))
         if not ok:
             continue
-        rank = (dist, tuple(entry.dims[d] for d in tk.size_dims), entry)
+        rank = (dist, tuple(entry.dims[d] for d in rk.size_dims), entry)
         if best is None or rank[:2] < best[:2]:
             best = rank
     return None if best is None else best[2]
 
 
-def tune_command(tk: TunableKernel, dims: dict[str, int], dtype: str) -> str:
+def tune_command(rk: RuntimeKernel, dims: dict[str, int], dtype: str) -> str:
     dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
-    return f"mamba-tune tune {tk.name} --dims {dims_text} --dtype {dtype}"
+    return f"mamba-tune tune {rk.name} --dims {dims_text} --dtype {dtype}"
 
 
 class _Runtime:
@@ -268,37 +336,37 @@ def _compute_capability(args: Sequence[Any]) -> str | None:
 def _dtype_of(args: Sequence[Any]) -> str:
     for a in args:
         if isinstance(a, torch.Tensor):
-            return DTYPE_NAMES.get(a.dtype, str(a.dtype))
+            return vocab.dtype_name(a.dtype)
     raise ValueError("kernel call without tensor arguments")
 
 
-def resolve(tk: TunableKernel, args: Sequence[Any]) -> Resolution:
+def resolve(rk: RuntimeKernel, args: Sequence[Any]) -> Resolution:
     """Which config a call with these arguments runs (no compilation)."""
-    dims = tk.dims_from_args(args)
+    dims = rk.dims_from_args(args)
     dtype = _dtype_of(args)
-    return _RT.store(_compute_capability(args)).resolve(tk, dims, dtype, _RT.effective_mode())
+    return _RT.store(_compute_capability(args)).resolve(rk, dims, dtype, _RT.effective_mode())
 
 
-def _prepare(tk: TunableKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Callable[..., Any]:
+def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Callable[..., Any]:
     from helion.runtime.settings import RefMode
 
-    if tk.kernel.settings.ref_mode != RefMode.OFF:
+    if rk.kernel.settings.ref_mode != RefMode.OFF:
         # Helion ref mode (HELION_INTERPRET=1): the body runs eagerly; configs do not apply.
-        fn: Callable[..., Any] = tk.kernel
+        fn: Callable[..., Any] = rk.kernel
     else:
-        res = resolve(tk, args)
-        _RT.resolutions[(tk.name, sig)] = res
-        dims = tk.dims_from_args(args)
+        res = resolve(rk, args)
+        _RT.resolutions[(rk.name, sig)] = res
+        dims = rk.dims_from_args(args)
         if res.config is None:
-            cmd = tune_command(tk, dims, _dtype_of(args))
+            cmd = tune_command(rk, dims, _dtype_of(args))
             _RT.warn_once(
                 f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. Tune it with: {cmd}"
             )
         log.info("%s: %s", res.key, res.source)
-        bound = tk.kernel.bind(tuple(args))
-        config = tk.default_for(bound, dims) if res.config is None else _to_config(res.config)
+        bound = rk.kernel.bind(tuple(args))
+        config = rk.default_for(bound, dims) if res.config is None else _to_config(res.config)
         fn = bound.compile_config(config, allow_print=False)
-    _RT.compiled[(tk.name, sig)] = fn
+    _RT.compiled[(rk.name, sig)] = fn
     return fn
 
 
@@ -308,19 +376,19 @@ def _to_config(config: dict[str, Any]) -> Any:
     return helion.Config.from_dict(config)
 
 
-def lookup(tk: TunableKernel, args: Sequence[Any]) -> Callable[..., Any]:
+def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:
     """The compiled callable for these arguments (compiled on the first call only)."""
     sig = _signature(args)
-    fn = _RT.compiled.get((tk.name, sig))
+    fn = _RT.compiled.get((rk.name, sig))
     if fn is None:
         with _RT.lock:
-            fn = _RT.compiled.get((tk.name, sig)) or _prepare(tk, args, sig)
+            fn = _RT.compiled.get((rk.name, sig)) or _prepare(rk, args, sig)
     return fn
 
 
-def run(tk: TunableKernel, args: Sequence[Any]) -> Any:
+def run(rk: RuntimeKernel, args: Sequence[Any]) -> Any:
     """Run a tunable kernel with its tuned config. Never searches, never syncs."""
-    return lookup(tk, args)(*args)
+    return lookup(rk, args)(*args)
 
 
 def resolutions() -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune_cli.tuning import get
 from kernels.bundle import (
     Accuracy,
     Bundle,
@@ -16,7 +17,6 @@ from kernels.bundle import (
     Timing,
     Versions,
 )
-from kernels.registry import get
 
 H200 = GpuInfo(name="NVIDIA H200", sku="h200", arch="sm90", compute_capability="9.0", sm_count=132)
 VERSIONS = Versions(helion="1.5.0", torch="2.11.0", triton="3.6.0", cuda="13.0", driver="580", python="3.12.3")

@@ -31,7 +31,7 @@ def test_default_configs_and_committed_bundles_lower(clean_env):
 NORM_VARIANTS = """
 import itertools, torch
 from autotune_cli.lowering import lower
-from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
+from autotune_cli.tuning.norm import GATED_NORM_BWD, GATED_NORM_FWD
 for tk in (GATED_NORM_FWD, GATED_NORM_BWD):
     for z, nbg, bias, rms, w32 in itertools.product([1, 0], [1, 0], [1, 0], [1, 0], [1, 0]):
         dims = dict(rows=37, d=96, group_size=32, has_z=z, norm_before_gate=nbg, has_bias=bias, is_rms=rms,
@@ -50,8 +50,8 @@ def test_every_norm_variant_lowers(clean_env):
 
 NORM_DEFAULTS = """
 import helion, torch
-from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
-from kernels.registry import get
+from autotune_cli.tuning.norm import GATED_NORM_BWD, GATED_NORM_FWD
+from autotune_cli.tuning import get
 dims = dict(rows=256, d=4096, group_size=512, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
 for tk in (GATED_NORM_FWD, GATED_NORM_BWD):
     bound_args = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0).args
@@ -108,7 +108,7 @@ def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
 BAD_SEEDS = """
 import dataclasses
 from autotune_cli.lowering import check_seeds
-from kernels.norm.gated import GATED_NORM_BWD
+from autotune_cli.tuning.norm import GATED_NORM_BWD
 dims = dict(rows=256, d=96, group_size=32, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
 assert check_seeds(GATED_NORM_BWD, dims, "bf16") == [], check_seeds(GATED_NORM_BWD, dims, "bf16")
 bad = dataclasses.replace(GATED_NORM_BWD, seed_configs=lambda d: [

@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
+from autotune_cli.reference import gated_norm_ref
 from kernels import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
-from kernels.reference import gated_norm_ref
 
 # (dtype, atol): err(kernel) <= 2 * err(eager torch in dtype) + atol, against fp32.
 TOLS = [

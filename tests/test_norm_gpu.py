@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from autotune_cli.benchmarks.common import capture
+from autotune_cli.reference import gated_norm_ref
 from kernels import layernorm_fn, rmsnorm_fn, runtime
-from kernels.reference import gated_norm_ref
 
 pytestmark = pytest.mark.gpu
 

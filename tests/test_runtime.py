@@ -11,10 +11,10 @@ import pytest
 import torch
 from bundles import H200, bundle, entry, norm_dims
 
+from autotune_cli.tuning import all_kernels
 from kernels import runtime
 from kernels.bundle import GpuInfo, write_bundle
 from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
-from kernels.registry import all_kernels
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_autotune_raises_in_compiled_mode(clean_env):
     """In compiled mode (as on a GPU) asking the runtime kernel to search raises at once."""
     code = (
         "import torch\n"
-        "from kernels.norm.gated import GATED_NORM_FWD as tk\n"
+        "from autotune_cli.tuning.norm import GATED_NORM_FWD as tk\n"
         "from kernels.runtime import RuntimeAutotuneError\n"
         "p = tk.make_problem(dict(rows=8, d=64, group_size=32, has_z=1, norm_before_gate=0, has_bias=0,"
         " is_rms=1, weight_fp32=1), torch.bfloat16, torch.device('cpu'), 0)\n"

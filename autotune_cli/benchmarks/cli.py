@@ -13,9 +13,10 @@ from rich.table import Table
 
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
 from autotune_cli.presets import MODEL_PRESETS
+from autotune_cli.tuning import ModelShape
 from kernels.bundle import write_text_atomic
-from kernels.registry import DTYPES, ModelShape
 from kernels.runtime import Mode as ConfigMode
+from kernels.vocab import torch_dtype as to_torch_dtype
 
 
 class Family(str, enum.Enum):
@@ -76,7 +77,7 @@ def bench_command(
 
     models = model or list(MODEL_PRESETS)
     shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
-    torch_dtype = DTYPES[dtype.value]
+    torch_dtype = to_torch_dtype(dtype.value)
     line = machine_line()
     copy = copy_gbps()
     err.print(f"{line}; device-to-device copy {copy:.0f} GB/s")

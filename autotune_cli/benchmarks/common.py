@@ -8,19 +8,14 @@ from typing import Any
 
 import torch
 
+from autotune_cli.timing import gpu_median_ms
+
 # The rows `bench --family ssd` can time (benchmarks/ssd.py documents each).
 SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
               "chunk_scan", "chunk_scan_fused_bmm", "total", "total_split", "total_fused_bmm",
               "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph",
               "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
               "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
-
-
-def kernel_ms(fn: Callable[[], Any]) -> float:
-    """Median GPU time (ms) with triton.testing.do_bench; L2 flushed between runs."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:
@@ -81,7 +76,7 @@ def copy_gbps(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth (GB/s, bytes read + written): the memory-bound ceiling."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = kernel_ms(lambda: dst.copy_(src))
+    ms = gpu_median_ms(lambda: dst.copy_(src), rep_ms=200)
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 

@@ -14,11 +14,14 @@ from typing import Any
 
 import torch
 
-from autotune_cli.benchmarks.common import graph_ms, kernel_ms, wall_ms
+from autotune_cli.benchmarks.common import graph_ms, wall_ms
+from autotune_cli.timing import gpu_median_ms
+from autotune_cli.tuning import ModelShape
+from autotune_cli.tuning import norm as norm_tuning
 from kernels import runtime
 from kernels.bundle import entry_key
 from kernels.norm import gated
-from kernels.registry import DTYPE_NAMES, ModelShape
+from kernels.vocab import dtype_name
 
 
 def _mamba_ssm() -> Any:
@@ -30,7 +33,7 @@ def _mamba_ssm() -> Any:
 
 
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, lg: Any) -> list[dict[str, Any]]:
-    dims = gated.GATED_NORM_FWD.dims_for(shape)
+    dims = norm_tuning.GATED_NORM_FWD.dims_for(shape)
     rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(rows, d, device="cuda", dtype=dtype, generator=gen)
@@ -52,9 +55,9 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, lg: Any) -> 
         base["bwd"] = lambda: lg._layer_norm_bwd(dy, x, w, None, eps, None, base_rstd, z, gs, False, True)
     out = []
     for name, (ours, tk, bwd) in ops.items():
-        nbytes = gated._norm_bytes(dims, dtype, bwd=bwd)
-        key = entry_key(tk.name, dims, DTYPE_NAMES[dtype])
-        ours_ms = kernel_ms(ours)
+        nbytes = norm_tuning._norm_bytes(dims, dtype, bwd=bwd)
+        key = entry_key(tk.name, dims, dtype_name(dtype))
+        ours_ms = gpu_median_ms(ours, rep_ms=200)
         # Read after the first call: that is when the runtime resolves (and records) the config.
         source = runtime.resolutions().get(key, "?")
         row: dict[str, Any] = {
@@ -64,7 +67,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, lg: Any) -> 
             "ours_gbps": nbytes / (ours_ms * 1e-3) / 1e9,
         }
         if name in base:
-            base_ms = kernel_ms(base[name])
+            base_ms = gpu_median_ms(base[name], rep_ms=200)
             row.update(baseline="mamba-ssm", baseline_ms=base_ms, baseline_wall_ms=wall_ms(base[name]),
                        baseline_graph_ms=graph_ms(base[name]), baseline_gbps=nbytes / (base_ms * 1e-3) / 1e9, speedup=base_ms / ours_ms)
         out.append(row)

@@ -1,6 +1,6 @@
 """SSD forward and backward benchmark: ours (configs from the bundles) vs mamba-ssm, stage by stage and whole, in one process.
 
-Inputs are the call the Mamba-2 mixer makes (`kernels.ssd.common.mixer_dims`): D per head,
+Inputs are the call the Mamba-2 mixer makes (`autotune_cli.tuning.ssd.inputs.mixer_dims`): D per head,
 dt_bias, dt_softplus, no z, no seq_idx, no initial states, at the given model shapes.
 Each stage is timed on the same intermediate tensors for both sides (ours from F1), with
 `triton.testing.do_bench` medians (L2 flushed between runs). "total" is the whole public
@@ -34,8 +34,10 @@ import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
 from autotune_cli.benchmarks.common import graph_ms, wall_ms
+from autotune_cli.timing import gpu_median_ms
+from autotune_cli.tuning import ModelShape
+from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from kernels import runtime
-from kernels.registry import DTYPE_NAMES, ModelShape
 from kernels.ssd import (
     bmm,
     chunk_cumsum,
@@ -45,15 +47,8 @@ from kernels.ssd import (
     combined,
     state_passing,
 )
-from kernels.ssd.common import SSDInputs, mamba_ssm_ops, mixer_dims, nchunks_of
-
-
-def _median_ms(fn: Callable[[], Any], rep_ms: int) -> float:
-    import triton.testing
-
-    fn()  # compile / autotune outside the timed region
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=max(rep_ms // 8, 5), rep=rep_ms, return_mode="median"))
+from kernels.ssd.common import nchunks_of
+from kernels.vocab import dtype_name
 
 
 def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
@@ -123,7 +118,7 @@ def gpu_activities(fn: Callable[[], Any]) -> int:
 
 def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                        stages: Collection[str]) -> dict[str, tuple[float, float | None, str | None]]:
-    from kernels.registry import get
+    from autotune_cli.tuning import get
 
     out: dict[str, tuple[float, float | None, str | None]] = {}
     for stage, name in BWD_KERNELS.items():
@@ -132,9 +127,9 @@ def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         tk = get(name)
         dims = tk.dims_for(shape)
         problem = tk.make_problem(dims, dtype, torch.device("cuda"), 0)
-        ours = _median_ms(lambda tk=tk, args=problem.args: runtime.run(tk, args), rep_ms)
+        ours = gpu_median_ms(lambda tk=tk, args=problem.args: runtime.run(tk, args), rep_ms, warmup_ms=max(rep_ms // 8, 5))
         base = tk.make_baseline(dims, dtype, torch.device("cuda"), 0) if tk.make_baseline else None
-        out[stage] = (ours, None if base is None else _median_ms(base.fn, rep_ms), None if base is None else base.name)
+        out[stage] = (ours, None if base is None else gpu_median_ms(base.fn, rep_ms, warmup_ms=max(rep_ms // 8, 5)), None if base is None else base.name)
     return out
 
 
@@ -216,17 +211,17 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     for stage, fn in ours.items():
         if stage not in stages:
             continue
-        ours_ms = _median_ms(fn, rep_ms)
+        ours_ms = gpu_median_ms(fn, rep_ms, warmup_ms=max(rep_ms // 8, 5))
         # Forward+backward rows report time only (their work is not the forward's).
         flops, nbytes = (0, 0) if stage.startswith("fwd_bwd") else work[stage if stage in work else "total"]
         row: dict[str, Any] = {
-            "family": "ssd", "model": label, "stage": stage, "dtype": DTYPE_NAMES[dtype], "shape": shape_text,
+            "family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype), "shape": shape_text,
             "ours_ms": ours_ms, "baseline": baseline_name, "baseline_ms": None, "ratio": None,
             "tflops": flops / (ours_ms * 1e-3) / 1e12 if flops else None,
             "gbps": nbytes / (ours_ms * 1e-3) / 1e9 if nbytes else None,
         }
         if stage in base:
-            row["baseline_ms"] = _median_ms(base[stage], rep_ms)
+            row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=max(rep_ms // 8, 5))
             row["ratio"] = row["baseline_ms"] / ours_ms
         if stage == "fwd_bwd":
             row["ours_peak_mib"] = peak_mib(fn)
@@ -236,7 +231,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                 row["baseline_gpu_activities"] = gpu_activities(base[stage])
         rows.append(row)
     for stage, (t_ours, t_base, bname) in _bench_bwd_kernels(shape, dtype, rep_ms, stages).items():
-        rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": DTYPE_NAMES[dtype],
+        rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype),
                      "shape": shape_text, "ours_ms": t_ours, "baseline_ms": t_base, "baseline": bname,
                      "ratio": None if t_base is None else t_base / t_ours, "tflops": None, "gbps": None})
     # Back-to-back calls of the whole forward: timed on the host, and replayed from a CUDA graph.
@@ -248,7 +243,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
             continue
         t_ours = timer(ours[what])
         t_base = timer(base[what]) if what in base else None
-        rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": DTYPE_NAMES[dtype],
+        rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype),
                      "shape": shape_text, "ours_ms": t_ours, "baseline_ms": t_base, "baseline": baseline_name,
                      "ratio": None if t_base is None or t_ours is None else t_base / t_ours,
                      "tflops": None, "gbps": None})

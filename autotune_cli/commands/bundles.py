@@ -10,8 +10,8 @@ from rich.table import Table
 
 from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
 from autotune_cli.spec import SpecError, load_spec
+from autotune_cli.tuning import all_kernels
 from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
-from kernels.registry import all_kernels
 
 
 def check_bundle_kernels(bundle: Bundle, source: str) -> None:

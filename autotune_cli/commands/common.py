@@ -9,6 +9,8 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 
+from kernels.vocab import DTYPES
+
 # Results (tables, JSON) go to stdout; progress and diagnostics to stderr. Piped output
 # (CI logs, files) gets a wide fixed width instead of rich's 80-column default.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -19,10 +21,8 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
-class DtypeChoice(str, enum.Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
+# --dtype's choices: the dtype names of kernels.vocab.
+DtypeChoice = enum.Enum("DtypeChoice", {name: name for name in DTYPES}, type=str)
 
 
 class EffortChoice(str, enum.Enum):

@@ -19,8 +19,8 @@ from autotune_cli.commands.common import (
 from autotune_cli.plan import Combo, plan
 from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
 from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
+from autotune_cli.tuning import all_kernels
 from kernels.bundle import SpecRef
-from kernels.registry import all_kernels
 
 DEFAULT_OUT = Path("generated_configs")
 

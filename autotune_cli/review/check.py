@@ -35,8 +35,8 @@ from rich.text import Text
 from autotune_cli.plan import plan
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
+from autotune_cli.tuning import all_kernels
 from kernels.bundle import Bundle, find_bundles, load_bundle
-from kernels.registry import all_kernels
 
 PACKAGES = ("helion", "torch", "triton")
 

@@ -157,7 +157,8 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
     import torch
 
     from autotune_cli.tuner import TuneFailure, accuracy_reason, bench_ms, check_accuracy
-    from kernels.registry import DTYPES, all_kernels
+    from autotune_cli.tuning import all_kernels
+    from kernels.vocab import torch_dtype
 
     res = EntryResult(key=entry.key, ok=False, reasons=[], recorded_tuned_ms=entry.timing.tuned_ms,
                       recorded_default_ms=entry.timing.default_ms)
@@ -166,7 +167,7 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
         res.reasons.append(f"unknown kernel {entry.kernel!r} (not in this checkout's registry)")
         return res
     device = torch.device("cuda", torch.cuda.current_device())
-    dtype = DTYPES[entry.dtype]
+    dtype = torch_dtype(entry.dtype)
     check_seed = entry.search.seed + 1 if seed is None else seed
     try:
         problem = tk.make_problem(entry.dims, dtype, device, entry.search.seed)

@@ -1,7 +1,8 @@
 """Gated RMSNorm / LayerNorm (mamba-ssm `layernorm_gated`): forward and backward in Helion.
 
 Order: Helion kernels -> host launchers (shape and dtype checks) -> autograd Function ->
-public functions and modules. Layout inside the kernels: x viewed as (rows, ngroups,
+public functions and modules -> the runtime declarations (key dims, default configs; the
+tuner's records for these kernels are in `autotune_cli/tuning/norm.py`). Layout inside the kernels: x viewed as (rows, ngroups,
 group_size), so whole-row norms are ngroups == 1 and grouped norms need no index math.
 
 The backward's parallelism is tuned, not derived from the SM count: `rows_per_program`
@@ -21,16 +22,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.reference import gated_norm_ref, gated_norm_stats_ref
-from kernels.registry import (
-    Baseline,
-    ModelShape,
-    Problem,
-    TunableKernel,
-    mamba_ssm_version,
-    register,
-)
+from kernels import runtime, vocab
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -155,9 +147,6 @@ def gated_norm_bwd_kernel(
 
 # --- host launchers -------------------------------------------------------------------
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def _check_inputs(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -168,13 +157,13 @@ def _check_inputs(
     if x.dim() < 1 or x.shape[-1] == 0 or x.numel() == 0:
         raise ValueError(f"gated norm: x must be a non-empty tensor (..., d), got shape {tuple(x.shape)}")
     d = x.shape[-1]
-    if x.dtype not in _FLOAT_DTYPES:
+    if not vocab.is_float(x.dtype):
         raise ValueError(f"gated norm: x dtype {x.dtype} is not one of fp32, fp16, bf16")
     if weight.shape != (d,):
         raise ValueError(f"gated norm: weight shape {tuple(weight.shape)} != ({d},) (the last dim of x)")
-    if weight.dtype not in _FLOAT_DTYPES:
+    if not vocab.is_float(weight.dtype):
         raise ValueError(f"gated norm: weight dtype {weight.dtype} is not one of fp32, fp16, bf16")
-    if bias is not None and (bias.shape != (d,) or bias.dtype not in _FLOAT_DTYPES):
+    if bias is not None and (bias.shape != (d,) or not vocab.is_float(bias.dtype)):
         raise ValueError(f"gated norm: bias must be ({d},) float, got {tuple(bias.shape)} {bias.dtype}")
     if z is not None:
         if z.shape != x.shape:
@@ -330,17 +319,9 @@ class RMSNormGated(torch.nn.Module):
                           norm_before_gate=self.norm_before_gate)
 
 
-# --- tuning records -------------------------------------------------------------------
+# --- runtime declarations --------------------------------------------------------------
 
 NORM_DIMS = ("rows", "d", "group_size", "has_z", "norm_before_gate", "has_bias", "is_rms", "weight_fp32")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
-    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, fp32 weight.
-    d = shape.nheads * shape.headdim
-    return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
-            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": 1}
 
 
 def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -355,93 +336,6 @@ def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     return _fwd_dims_from_args((x, z, w, b, 0.0, nbg, rms))
 
 
-class _NormInputs:
-    """Random inputs for one norm problem (seeded), in the layouts the kernels take."""
-
-    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
-        wdtype = torch.float32 if dims["weight_fp32"] else dtype
-
-        def rand(*shape, dt=dtype, scale=1.0, offset=0.0):
-            return (torch.randn(*shape, generator=gen) * scale + offset).to(dt).to(device)
-
-        self.x = rand(rows, d)
-        self.z = rand(rows, d) if dims["has_z"] else None
-        self.w = rand(d, dt=wdtype, scale=0.1, offset=1.0)
-        self.b = rand(d, dt=wdtype, scale=0.1) if dims["has_bias"] else None
-        self.dy = rand(rows, d)
-        self.eps = 1e-6
-        self.gs = gs
-        self.nbg = bool(dims["norm_before_gate"])
-        self.rms = bool(dims["is_rms"])
-
-    def ref(self, upcast: bool, with_grad: bool):
-        leaves = [t for t in (self.x, self.z, self.w, self.b)]
-        if upcast:
-            leaves = [None if t is None else t.float() for t in leaves]
-        leaves = [None if t is None else t.detach().requires_grad_(with_grad) for t in leaves]
-        x, z, w, b = leaves
-        out = gated_norm_ref(x, w, b, z, self.eps, self.gs, self.nbg, self.rms, upcast=False)
-        if not with_grad:
-            return {"out": out.float()}
-        grads = torch.autograd.grad(out, [t for t in leaves if t is not None], self.dy.to(out.dtype))
-        names = [n for n, t in zip(("dx", "dz", "dw", "db"), leaves) if t is not None]
-        return {n: g.float() for n, g in zip(names, grads)}
-
-
-def _norm_bytes(dims: dict[str, int], dtype: torch.dtype, bwd: bool) -> int:
-    rows, d = dims["rows"], dims["d"]
-    e = torch.finfo(dtype).bits // 8
-    n_in = 1 + dims["has_z"] + (1 if bwd else 0)  # x, z, (dy)
-    n_out = 1 + (dims["has_z"] if bwd else 0)  # out | dx, dz
-    stats = rows * (d // dims["group_size"]) * 4 * (1 if dims["is_rms"] else 2)
-    return rows * d * e * (n_in + n_out) + stats
-
-
-def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    inp = _NormInputs(dims, dtype, device, seed)
-    rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
-    v3 = (rows, d // gs, gs)
-    args = (inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
-            None if inp.b is None else inp.b.view(-1, gs), inp.eps, inp.nbg, inp.rms)
-    return Problem(
-        args=args,
-        reference=lambda: inp.ref(upcast=True, with_grad=False),
-        lowp_reference=lambda: inp.ref(upcast=False, with_grad=False),
-        outputs=lambda res: {"out": res[0].reshape(rows, d).float()},
-        bytes_moved=_norm_bytes(dims, dtype, bwd=False),
-    )
-
-
-def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    inp = _NormInputs(dims, dtype, device, seed)
-    rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
-    v3 = (rows, d // gs, gs)
-    mean, rstd = gated_norm_stats_ref(inp.x, inp.z, inp.eps, gs, inp.nbg, inp.rms)
-    args = (inp.dy.view(v3), inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
-            None if inp.b is None else inp.b.view(-1, gs), mean, rstd.contiguous(), inp.nbg, inp.rms)
-
-    def outputs(res):
-        dx, dz, dw, db = res
-        db = db if inp.b is not None else None
-        out = {"dx": dx.reshape(rows, d).float()}
-        if dz is not None:
-            out["dz"] = dz.reshape(rows, d).float()
-        out["dw"] = dw.reshape(d).float()
-        if db is not None:
-            out["db"] = db.reshape(d).to(inp.b.dtype).float()
-        return out
-
-    return Problem(
-        args=args,
-        reference=lambda: inp.ref(upcast=True, with_grad=True),
-        lowp_reference=lambda: inp.ref(upcast=False, with_grad=True),
-        outputs=outputs,
-        bytes_moved=_norm_bytes(dims, dtype, bwd=True),
-    )
-
-
 def _lanes(dims: dict[str, int]) -> int:
     """Register lanes one row of a group takes: the group size padded to a power of two."""
     return 1 << max(int(dims["group_size"]) - 1, 0).bit_length()
@@ -453,117 +347,53 @@ def _warps_for(elems: int, per_thread: int) -> int:
     return min(32, 1 << (w.bit_length() - 1))
 
 
-def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    # block_sizes = [rows per tile, groups per tile]: a few rows of one group per program
-    # keeps the whole group in registers. Warps follow the row width so that each thread
-    # holds 16-32 elements of x (and z): at group 512 that is the 1-4 warps the H200's
-    # winners used; at whole 5120-wide rows (8192 lanes), 8-32 warps.
-    lanes = _lanes(dims)
-    seeds: list[dict[str, Any]] = []
-    for m, per_thread in ((1, 16), (1, 32), (2, 16), (2, 32), (4, 32), (8, 32)):
-        seed = {"block_sizes": [m, 1], "num_warps": _warps_for(m * lanes, per_thread)}
-        if seed not in seeds:
-            seeds.append(seed)
-    return seeds
+def fwd_config(dims: dict[str, int], rows: int, per_thread: int) -> dict[str, Any]:
+    """A forward config: `rows` rows of one group per program (block_sizes = [rows per tile,
+    groups per tile]), with warps for about `per_thread` elements of x (and z) per thread."""
+    return {"block_sizes": [rows, 1], "num_warps": _warps_for(rows * _lanes(dims), per_thread)}
 
 
-def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    # block_sizes = [rows_per_program, groups per program, rows per inner step]. Many row
-    # groups (rows / rows_per_program x ngroups programs, thousands at Nemotron sizes) is
-    # what lifts this backward off mamba-ssm's one-program-per-SM schedule. The inner step
-    # and the warps follow the row width: about 16 elements of each row tensor per thread.
+def bwd_config(dims: dict[str, int], rows_per_program: int, warps: int) -> dict[str, Any]:
+    """A backward config (block_sizes = [rows_per_program, groups per program, rows per inner
+    step]): at least `warps` warps, more for wide rows; the inner step and the warps follow
+    the row width, about 16 elements of each row tensor per thread."""
     lanes = _lanes(dims)
-    seeds: list[dict[str, Any]] = []
-    for rpp, w in ((16, 4), (32, 4), (64, 4), (64, 8), (128, 8), (256, 8)):
-        w = max(w, _warps_for(lanes, 16))
-        m = max(1, min(8, (32 * w * 16) // lanes))
-        seed = {"block_sizes": [rpp, 1, m], "num_warps": w}
-        if seed not in seeds:
-            seeds.append(seed)
-    return seeds
+    w = max(warps, _warps_for(lanes, 16))
+    m = max(1, min(8, (32 * w * 16) // lanes))
+    return {"block_sizes": [rows_per_program, 1, m], "num_warps": w}
 
 
 def _fwd_default(dims: dict[str, int]) -> dict[str, Any]:
-    return _fwd_seeds(dims)[0]
+    # One row per program, 16 elements per thread: the first of the search's seeds.
+    return fwd_config(dims, 1, 16)
 
 
 def _bwd_default(dims: dict[str, int]) -> dict[str, Any]:
     # Helion's default steps 16 rows at a time (of up to 8 groups at once): at 47B's
     # 2048-wide groups that is 32768 fp32 values per row tensor in one 4-warp program,
-    # which Triton compiled for minutes on the H200.
-    return _bwd_seeds(dims)[0]
+    # which Triton compiled for minutes on the H200. 16 rows per program, 4+ warps: the
+    # first of the search's seeds.
+    return bwd_config(dims, 16, 4)
 
 
-def _mamba_ssm_norm():
-    try:
-        from mamba_ssm.ops.triton import layernorm_gated
-    except ImportError:
-        return None
-    return layernorm_gated, f"mamba-ssm {mamba_ssm_version()}"
-
-
-def _baseline_fwd(dims, dtype, device, seed) -> Baseline | None:
-    found = _mamba_ssm_norm()
-    if found is None or device.type != "cuda":
-        return None
-    lg, name = found
-    inp = _NormInputs(dims, dtype, device, seed)
-
-    def fn():
-        return lg._layer_norm_fwd(inp.x, inp.w, inp.b, inp.eps, z=inp.z, group_size=inp.gs,
-                                  norm_before_gate=inp.nbg, is_rms_norm=inp.rms)
-
-    return Baseline(name, fn)
-
-
-def _baseline_bwd(dims, dtype, device, seed) -> Baseline | None:
-    found = _mamba_ssm_norm()
-    if found is None or device.type != "cuda":
-        return None
-    lg, name = found
-    inp = _NormInputs(dims, dtype, device, seed)
-    _, mean, rstd = lg._layer_norm_fwd(inp.x, inp.w, inp.b, inp.eps, z=inp.z, group_size=inp.gs,
-                                       norm_before_gate=inp.nbg, is_rms_norm=inp.rms)
-
-    def fn():
-        return lg._layer_norm_bwd(inp.dy, inp.x, inp.w, inp.b, inp.eps, mean, rstd, inp.z, inp.gs,
-                                  inp.nbg, inp.rms)
-
-    return Baseline(name, fn)
-
-
-GATED_NORM_FWD = register(
-    TunableKernel(
-        name="gated_norm_fwd",
-        family="norm",
-        kernel=gated_norm_fwd_kernel,
-        dims=NORM_DIMS,
-        size_dims=("rows",),
-        dims_for=_dims_for,
-        dims_from_args=_fwd_dims_from_args,
-        make_problem=_make_fwd_problem,
-        make_baseline=_baseline_fwd,
-        seed_configs=_fwd_seeds,
-        default_config=_fwd_default,
-        description="gated RMSNorm/LayerNorm forward (mamba-ssm _layer_norm_fwd_1pass_kernel)",
-    )
+GATED_NORM_FWD = runtime.RuntimeKernel(
+    name="gated_norm_fwd",
+    family="norm",
+    kernel=gated_norm_fwd_kernel,
+    dims=NORM_DIMS,
+    size_dims=("rows",),
+    dims_from_args=_fwd_dims_from_args,
+    default_config=_fwd_default,
 )
 
-GATED_NORM_BWD = register(
-    TunableKernel(
-        name="gated_norm_bwd",
-        family="norm",
-        kernel=gated_norm_bwd_kernel,
-        dims=NORM_DIMS,
-        size_dims=("rows",),
-        dims_for=_dims_for,
-        dims_from_args=_bwd_dims_from_args,
-        make_problem=_make_bwd_problem,
-        make_baseline=_baseline_bwd,
-        seed_configs=_bwd_seeds,
-        default_config=_bwd_default,
-        description="gated RMSNorm/LayerNorm backward (mamba-ssm _layer_norm_bwd_kernel)",
-    )
+GATED_NORM_BWD = runtime.RuntimeKernel(
+    name="gated_norm_bwd",
+    family="norm",
+    kernel=gated_norm_bwd_kernel,
+    dims=NORM_DIMS,
+    size_dims=("rows",),
+    dims_from_args=_bwd_dims_from_args,
+    default_config=_bwd_default,
 )
 
 __all__ = ["layernorm_fn", "rmsnorm_fn", "RMSNormGated", "LayerNormGated", "GATED_NORM_FWD", "GATED_NORM_BWD"]

@@ -10,11 +10,11 @@ dstate step and 128-row or 128-column blocks, Helion's GPU default among them, r
 garbage CB (max error 62.6 at Nano's sizes) while the same configs without it were right.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
-tuning record. One program owns a block_m-row slice of one chunk of one group and all
-the chunk's columns in block_n steps, each a tensor-core dot over dstate in block_k
-steps (fp32 accumulation). The combined path can skip this stage: F5 recomputes CB in
-registers instead (see chunk_scan.py), so this kernel serves the unfused path and tests.
-"""
+runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). One program owns a
+block_m-row slice of one chunk of one group and all the chunk's columns in block_n
+steps, each a tensor-core dot over dstate in block_k steps (fp32 accumulation). The
+combined path can skip this stage: F5 recomputes CB in registers instead (see
+chunk_scan.py), so this kernel serves the unfused path and tests."""
 
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 
 
@@ -111,14 +109,10 @@ def bmm_chunk_fwd(
     return _launch(C, B, chunk_size, seq_idx)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 # No has_seq_idx: the kernel is the same with and without it (the mask runs after it).
 DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return common.pick(common.mixer_dims(shape), DIMS)
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -127,50 +121,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate, "chunk_size": int(chunk_size)}
 
 
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
-    args = (i.C, i.B, i.chunk_size)
-    b, L, G, N = i.C.shape
-    nc = common.nchunks_of(L, i.chunk_size)
-    return Problem(
-        args=args,
-        reference=lambda: {"CB": bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size)},
-        lowp_reference=lambda: {"CB": bmm_chunk_ref(i.C, i.B, i.chunk_size, upcast=False)},
-        outputs=lambda res: {"CB": res.float()},
-        bytes_moved=2 * i.C.numel() * i.C.element_size() + b * nc * G * i.chunk_size**2 * 4,
-        flops=2 * b * nc * G * i.chunk_size**2 * N,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    i = common.SSDInputs.make({**dims, "nheads": dims["ngroups"]}, dtype, device, seed)
-
-    def fn() -> Any:
-        return mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, output_dtype=torch.float32)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [chunk rows, chunk cols, dstate per dot].
-_SEEDS = common.fixed_seeds([([128, 128, 32], 4, 4), ([64, 64, 64], 4, 3)])
-
-
-SSD_BMM = register(
-    TunableKernel(
-        name="ssd_bmm",
-        family="ssd",
-        kernel=bmm_chunk_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        description="SSD F4: C B^T per chunk and group (mamba-ssm _bmm_chunk_fwd_kernel)",
-    )
+SSD_BMM = runtime.RuntimeKernel(
+    name="ssd_bmm",
+    family="ssd",
+    kernel=bmm_chunk_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
 )

@@ -1,11 +1,12 @@
 """F1 of the SSD forward: dt~ = clamp(softplus(dt + dt_bias), dt_limit) and dA_cumsum per chunk.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
-tuning record. Outputs are mamba-ssm's layout, (batch, nheads, nchunks, chunk_size) fp32,
-contiguous, so that viewed as (batch, nheads, nchunks * chunk_size) a chunk-local entry
-sits at its sequence position: later stages index them with the same tile as x.
-Positions past seqlen get dt~ = 0, so dA_cumsum is flat there and its last entry is the
-chunk's total decay (what F2 and F3 read).
+runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). Outputs are
+mamba-ssm's layout, (batch, nheads, nchunks, chunk_size) fp32, contiguous, so that
+viewed as (batch, nheads, nchunks * chunk_size) a chunk-local entry sits at its sequence
+position: later stages index them with the same tile as x. Positions past seqlen get dt~
+= 0, so dA_cumsum is flat there and its last entry is the chunk's total decay (what F2
+and F3 read).
 
 The cumsum runs in fp32 over one chunk-sized tile (a chunk is one block, never split by
 a config), so every config computes it the same way; only block_h (heads per program)
@@ -21,9 +22,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.reference import chunk_cumsum_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels import runtime, vocab
 from kernels.ssd import common
 
 
@@ -100,7 +99,7 @@ def chunk_cumsum_fwd(
     chunk_size: int,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
-    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """F1 (mamba-ssm `_chunk_cumsum_fwd`).
 
@@ -113,13 +112,9 @@ def chunk_cumsum_fwd(
     return _launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return common.pick(common.mixer_dims(shape), DIMS)
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -129,57 +124,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(softplus)}
 
 
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    inp = common.SSDInputs.make(dims, dtype, device, seed)
-    args = (inp.dt, inp.A, inp.dt_bias, *map(float, inp.dt_limit), inp.chunk_size, inp.dt_softplus)
-
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        # dt~ and its cumsum are fp32 in every implementation (mamba-ssm's eager reference
-        # included): the low-precision bound is the same fp32 computation.
-        dA, dt_out = chunk_cumsum_ref(inp.dt, inp.A, inp.chunk_size, inp.dt_bias, inp.dt_softplus, inp.dt_limit)
-        return {"dA_cumsum": dA, "dt_out": dt_out}
-
-    b, L, H = inp.dt.shape
-    nc = common.nchunks_of(L, inp.chunk_size)
-    return Problem(
-        args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
-        outputs=lambda res: {"dA_cumsum": res[0].float(), "dt_out": res[1].float()},
-        bytes_moved=inp.dt.numel() * inp.dt.element_size() + 2 * b * H * nc * inp.chunk_size * 4,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    inp = common.SSDInputs.make(dims, dtype, device, seed)
-
-    def fn() -> Any:
-        return mods["chunk_state"]._chunk_cumsum_fwd(inp.dt, inp.A, inp.chunk_size, dt_bias=inp.dt_bias,
-                                                    dt_softplus=inp.dt_softplus, dt_limit=inp.dt_limit)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [heads per program]; mamba-ssm's launch uses 8-16 heads.
-_SEEDS = common.fixed_seeds([([16], 4, 2), ([8], 4, 2)])
-
-
-SSD_CHUNK_CUMSUM = register(
-    TunableKernel(
-        name="ssd_chunk_cumsum",
-        family="ssd",
-        kernel=chunk_cumsum_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        description="SSD F1: dt softplus/clamp and per-chunk cumsum of dt*A (mamba-ssm _chunk_cumsum_fwd_kernel)",
-    )
+SSD_CHUNK_CUMSUM = runtime.RuntimeKernel(
+    name="ssd_chunk_cumsum",
+    family="ssd",
+    kernel=chunk_cumsum_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
 )

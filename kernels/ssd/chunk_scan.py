@@ -5,10 +5,11 @@ y[i] = exp(dA[i]) * C[i] . prev_state                                   (state e
      + D x[i];   y *= silu(z) when z is given.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
-tuning record. One program owns block_m positions of one chunk, one head and a block of
-headdim. Both terms are tensor-core dots on x's dtype with fp32 accumulation: C against
-the entering state (over dstate in block_n steps), then the decayed, causally masked
-scores against x, walking only the columns j <= the block's last row (block_k steps).
+runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). One program owns
+block_m positions of one chunk, one head and a block of headdim. Both terms are
+tensor-core dots on x's dtype with fp32 accumulation: C against the entering state (over
+dstate in block_n steps), then the decayed, causally masked scores against x, walking
+only the columns j <= the block's last row (block_k steps).
 
 CB comes from F4 (`cb` given, mamba-ssm's split), or, with `cb=None`, is recomputed in
 registers from C and B for each (block_m, block_k) tile: this fuses F4 away, saving its
@@ -27,8 +28,6 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 
 LOG2E = 1.4426950408889634
@@ -181,15 +180,9 @@ def chunk_scan_fwd(
     return _launch(x, CB, B, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = (*common.SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    from kernels.ssd.combined import FUSE_BMM_DEFAULT
-
-    return {**common.pick(common.mixer_dims(shape), DIMS[:-1]), "fused_bmm": int(FUSE_BMM_DEFAULT)}
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -200,96 +193,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None), "fused_bmm": int(cb is None)}
 
 
-class _StageInputs:
-    """F5's inputs: x, C, B, z in the tuning dtype; dt~, dA_cumsum, CB and the entering
-    states from the fp32 references (states random: F5 does not care where they come from)."""
-
-    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
-        full = {**dims, "has_dt_bias": 1, "dt_softplus": 1}
-        self.inp = i = common.SSDInputs.make(full, dtype, device, seed)
-        self.dA_cumsum, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
-        gen = torch.Generator(device="cpu").manual_seed(seed + 1)
-        b, L, H, P = i.x.shape
-        N = i.C.shape[3]
-        nc = self.dt_out.shape[2]
-        self.prev_states = (torch.randn(b, nc, H, P, N, generator=gen) * 0.5).to(dtype).to(device)
-        self.fused = bool(dims["fused_bmm"])
-        # The unfused kernel reads F4's fp32 output.
-        self.cb = None if self.fused else bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
-
-    def ref(self, lowp: bool) -> dict[str, torch.Tensor]:
-        i = self.inp
-        if lowp:
-            cb = bmm_chunk_ref(i.C, i.B, i.chunk_size, i.seq_idx, upcast=False)
-            out = chunk_scan_ref(cb, i.x, self.dt_out, self.dA_cumsum, i.C, self.prev_states, i.D, i.z, i.seq_idx,
-                                 upcast=False)
-        else:
-            u = i.upcast()
-            cb = bmm_chunk_ref(u.C, u.B, i.chunk_size, i.seq_idx) if self.cb is None else self.cb
-            out = chunk_scan_ref(cb, u.x, self.dt_out, self.dA_cumsum, u.C, self.prev_states.float(), u.D, u.z,
-                                 i.seq_idx)
-        return {"out": out.float()}
-
-
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = _StageInputs(dims, dtype, device, seed)
-    i = s.inp
-    H, P = i.x.shape[2], i.x.shape[3]
-    args = (i.x, s.cb, i.B if s.fused else None, i.C, s.dt_out, s.dA_cumsum, s.prev_states,
-            common.expand_D(i.D, H, P), i.z, i.seq_idx)
-    e = i.x.element_size()
-    nbytes = (i.x.numel() * (2 + (i.z is not None)) + i.C.numel() * (1 + s.fused)) * e
-    nbytes += s.prev_states.numel() * e + 2 * s.dt_out.numel() * 4 + (0 if s.cb is None else s.cb.numel() * 4)
-    b, L = i.x.shape[:2]
-    G, N, Q = i.C.shape[2], i.C.shape[3], i.chunk_size
-    # Useful dot work: C . state, the causal half of scores . x, and (fused) the causal half of C B^T.
-    flops = 2 * b * L * H * P * N + b * L * H * P * Q + (b * L * G * Q * N if s.fused else 0)
-    return Problem(
-        args=args,
-        reference=lambda: s.ref(lowp=False),
-        lowp_reference=lambda: s.ref(lowp=True),
-        outputs=lambda res: {"out": res.float()},
-        bytes_moved=nbytes,
-        flops=flops,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = _StageInputs({**dims, "fused_bmm": 0}, dtype, device, seed)
-    i = s.inp
-    # The fused kernel replaces mamba-ssm's F4 + F5: time both then.
-    with_bmm = bool(dims["fused_bmm"])
-
-    def fn() -> Any:
-        cb = mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, seq_idx=i.seq_idx, output_dtype=torch.float32) \
-            if with_bmm else s.cb
-        return mods["chunk_scan"]._chunk_scan_fwd(cb, i.x, s.dt_out, s.dA_cumsum, i.C, s.prev_states, D=i.D,
-                                                 z=i.z, seq_idx=i.seq_idx)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [chunk rows, headdim, chunk positions per dot, dstate per dot].
-_SEEDS = common.fixed_seeds([([64, 64, 32, 128], 4, 3), ([64, 64, 32, 128], 4, 4), ([64, 64, 32, 64], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 32, 32, 128], 4, 3), ([32, 64, 32, 128], 4, 3)])
-
-
-SSD_CHUNK_SCAN = register(
-    TunableKernel(
-        name="ssd_chunk_scan",
-        family="ssd",
-        kernel=chunk_scan_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        description="SSD F5: output from the entering state and the causal chunk-local term, "
-                    "optionally with F4 fused (mamba-ssm _chunk_scan_fwd_kernel)",
-    )
+SSD_CHUNK_SCAN = runtime.RuntimeKernel(
+    name="ssd_chunk_scan",
+    family="ssd",
+    kernel=chunk_scan_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
 )

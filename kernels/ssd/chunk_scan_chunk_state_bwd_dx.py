@@ -21,7 +21,8 @@ Reductions without atomics: ddt~, d dA pieces and dD over headdim blocks go to o
 per 16-wide block (the finest any config makes), dD over positions to one row per
 16-row block; the cumsum backward and the host sum the slots in a fixed order.
 
-Order: Helion kernel -> host launcher -> tuning record. One program owns block_m
+Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
+`autotune_cli/tuning/ssd/`). One program owns block_m
 positions of one chunk, one head and a block of headdim (as F5).
 """
 
@@ -35,8 +36,7 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
-from kernels.ssd import bwd_common, common
+from kernels.ssd import common
 
 SLOT = 16
 LOG2E = 1.4426950408889634
@@ -188,13 +188,9 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     return dx, dz, rows, dD
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = (*common.SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return common.pick(common.mixer_dims(shape), DIMS)
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -205,99 +201,16 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None)}
 
 
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = bwd_common.StageInputs.make(dims, dtype, device, seed)
-    i = s.inp
-    b, L, H, P = i.x.shape
-    nc, Q = s.dt_out.shape[2], s.dt_out.shape[3]
-    dstates = s.dstates_lowp
-    rows = torch.zeros((3, -(-P // SLOT), b, H, nc * Q), dtype=torch.float32, device=device)
-    dD_part = torch.zeros((b, -(-L // SLOT), H, P), dtype=torch.float32, device=device)
-    dz = None if i.z is None else torch.empty_like(i.z)
-    args = (rows, dD_part, dz, s.dy, i.z, i.x, i.B, i.C, s.cb, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
-            common.expand_D(i.D, H, P), i.seq_idx)
-
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.stage_grads(lowp)
-        out = {"dx": g["x"].float(), "ddt": (g["dt_state"] + g["dt_scan"]).float(),
-               "ddt_state": g["dt_state"].float(), "ddA_scan": g["dA_scan"].float()}
-        if i.z is not None:
-            out["dz"] = g["z"].float()
-        if i.D is not None:
-            out["dD"] = g["D"].float()[:, None].expand(H, P) if g["D"].dim() == 1 else g["D"].float()
-        return out
-
-    def outputs(dx: torch.Tensor) -> dict[str, torch.Tensor]:
-        r = rows.sum(1).view(3, b, H, nc, Q)
-        ddt_scan = r[0] - r[1]
-        out = {"dx": dx.float(), "ddt": r[0], "ddt_state": r[1], "ddA_scan": r[2] - s.dt_out * ddt_scan}
-        if dz is not None:
-            out["dz"] = dz.float()
-        if i.D is not None:
-            dD = dD_part.sum(dim=(0, 1))
-            out["dD"] = dD.sum(-1, keepdim=True).expand(H, P) if i.D.dim() == 1 else dD
-        return out
-
-    e = i.x.element_size()
-    nbytes = (i.x.numel() * (3 + 2 * (i.z is not None)) + 2 * i.C.numel()) * e + 2 * dstates.numel() * e
-    nbytes += s.cb.numel() * 4 + 2 * s.dt_out.numel() * 4 + rows.numel() * 4
-    N = i.C.shape[3]
-    return Problem(
-        args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
-        outputs=outputs,
-        bytes_moved=nbytes,
-        flops=4 * b * L * H * P * N + 2 * b * L * H * P * Q,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = bwd_common.StageInputs.make(dims, dtype, device, seed)
-    i = s.inp
-    dstates = s.dstates_lowp
-    dout = s.gated_dout()
-    out_x = torch.randn_like(i.x)
-
-    # mamba-ssm's matching work: the dz kernel (with z), the fused dx kernel and the ddA pass.
-    def fn() -> Any:
-        d = dout
-        if i.z is not None:
-            _, d, *_ = mods["chunk_scan"]._chunk_scan_bwd_dz(i.x, i.z, out_x, s.dy, chunk_size=i.chunk_size,
-                                                            has_ddAcs=False, D=i.D)
-        dx = mods["combined"]._chunk_scan_chunk_state_bwd_dx(i.x, s.dt_out, s.dA_cumsum, i.B, s.cb, d, dstates,
-                                                             D=i.D, seq_idx=i.seq_idx)
-        return dx, mods["chunk_scan"]._chunk_scan_bwd_ddAcs_stable(i.x, s.dt_out, s.dA_cumsum, d, s.cb)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [chunk rows, headdim, chunk positions per dot, dstate per dot].
-_SEEDS = common.fixed_seeds([([64, 64, 32, 64], 4, 3), ([64, 64, 64, 64], 4, 3), ([32, 64, 32, 64], 4, 3),
-                             ([64, 32, 32, 128], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 64, 32, 32], 4, 2)])
-
 # Default (no tuned entry): three 64 x 64 fp32 accumulators per program want 8 warps.
-_DEFAULT = bwd_common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "chunk_size", "dstate"), 8, 2)
+_DEFAULT = common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "chunk_size", "dstate"), 8, 2)
 
-SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = register(
-    TunableKernel(
-        name="ssd_chunk_scan_chunk_state_bwd_dx",
-        family="ssd",
-        kernel=chunk_scan_chunk_state_bwd_dx_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        default_config=_DEFAULT,
-        description="SSD B1+B4+B9 fused: dx, dz, dD and the per-position ddt/ddA sums, recomputing the output "
-                    "(mamba-ssm _chunk_scan_bwd_dz_kernel + _chunk_scan_chunk_state_bwd_dx_kernel + "
-                    "_chunk_scan_bwd_ddAcs_stable_kernel)",
-    )
+
+SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = runtime.RuntimeKernel(
+    name="ssd_chunk_scan_chunk_state_bwd_dx",
+    family="ssd",
+    kernel=chunk_scan_chunk_state_bwd_dx_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
+    default_config=_DEFAULT,
 )

@@ -4,12 +4,11 @@ S[b, c, h, p, n] = sum_l x[l, h, p] * B[l, g(h), n] * dt~[l] * exp(min(dA_last -
 over the positions l of chunk c (with seq_idx: those in the chunk's last sequence).
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
-tuning record. One program owns one (batch, chunk, head, headdim block, dstate block)
-and walks the chunk in block_k steps: B is scaled in fp32, rounded to x's dtype and fed
-with x to a tensor-core dot that accumulates in fp32 (mamba-ssm's rounding points: the
-two differ only by summation order). States stay fp32: F3 sums them over up to
-thousands of chunks.
-"""
+runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). One program owns
+one (batch, chunk, head, headdim block, dstate block) and walks the chunk in block_k
+steps: B is scaled in fp32, rounded to x's dtype and fed with x to a tensor-core dot
+that accumulates in fp32 (mamba-ssm's rounding points: the two differ only by summation
+order). States stay fp32: F3 sums them over up to thousands of chunks."""
 
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.reference import chunk_cumsum_ref, chunk_state_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
 from kernels.ssd import common
 
 
@@ -117,13 +114,9 @@ def chunk_state_fwd(
     return _launch(B, x, dt, dA_cumsum, seq_idx)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = (*common.SHAPE_DIMS, "has_seq_idx")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return common.pick(common.mixer_dims(shape), DIMS)
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -133,65 +126,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "dstate": B.shape[3], "chunk_size": dt.shape[3], "has_seq_idx": int(seq_idx is not None)}
 
 
-class _StageInputs:
-    """F2's inputs: x, B in the tuning dtype; dt~ and dA_cumsum from the fp32 F1 reference."""
-
-    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
-        full = {**dims, "has_dt_bias": 1, "dt_softplus": 1}
-        self.inp = common.SSDInputs.make(full, dtype, device, seed)
-        i = self.inp
-        self.dA_cumsum, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
-
-
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = _StageInputs(dims, dtype, device, seed)
-    i = s.inp
-    args = (i.x, i.B, s.dt_out, s.dA_cumsum, i.seq_idx)
-    b, L, H, P = i.x.shape
-    G, N = i.B.shape[2:]
-    nc = s.dt_out.shape[2]
-    e = i.x.element_size()
-    return Problem(
-        args=args,
-        reference=lambda: {"states": chunk_state_ref(i.B.float(), i.x.float(), s.dt_out, s.dA_cumsum, i.seq_idx)},
-        lowp_reference=lambda: {"states": chunk_state_ref(i.B, i.x, s.dt_out, s.dA_cumsum, i.seq_idx, upcast=False)},
-        outputs=lambda res: {"states": res.float()},
-        bytes_moved=(b * L * H * P + b * L * G * N) * e + 2 * s.dt_out.numel() * 4 + b * nc * H * P * N * 4,
-        flops=2 * b * L * H * P * N,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = _StageInputs(dims, dtype, device, seed)
-    i = s.inp
-
-    def fn() -> Any:
-        return mods["chunk_state"]._chunk_state_fwd(i.B, i.x, s.dt_out, s.dA_cumsum, seq_idx=i.seq_idx,
-                                                   states_in_fp32=True)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [headdim, dstate, chunk positions per dot]: mamba-ssm-like 64x128 tiles.
-_SEEDS = common.fixed_seeds([([64, 128, 32], 4, 3), ([64, 128, 32], 4, 4), ([64, 64, 32], 4, 3)])
-
-
-SSD_CHUNK_STATE = register(
-    TunableKernel(
-        name="ssd_chunk_state",
-        family="ssd",
-        kernel=chunk_state_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        description="SSD F2: per-chunk end states x^T (B * dt * decay) (mamba-ssm _chunk_state_fwd_kernel)",
-    )
+SSD_CHUNK_STATE = runtime.RuntimeKernel(
+    name="ssd_chunk_state",
+    family="ssd",
+    kernel=chunk_state_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
 )

@@ -17,7 +17,8 @@ With z, dout = dy * silu(z) is formed on load (no gated copy in memory). With se
 masks are the forward's: a chunk's carry is dropped where its last sequence differs from
 the one entering it, and only positions of the entering sequence see the entering state.
 
-Order: Helion kernel -> host launcher -> tuning record.
+Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
+`autotune_cli/tuning/ssd/`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
-from kernels.ssd import bwd_common, common
+from kernels.ssd import common
 
 # Partial sums per state block: one slot per (16-row headdim block, 16-column dstate
 # block), the finest split any config makes (block sizes are >= 16).
@@ -127,13 +127,9 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum
     return dstates, ddA_last, dinit
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return {**common.pick(common.mixer_dims(shape), DIMS[:-1]), "has_dfinal": 0}
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -144,87 +140,16 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_seq_idx": int(seq_idx is not None), "has_dfinal": int(dfinal is not None)}
 
 
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = bwd_common.StageInputs.make({**dims, "has_initial_states": dims["has_dfinal"]}, dtype, device, seed)
-    i = s.inp
-    b, L, H, P = i.x.shape
-    N = i.C.shape[3]
-    nc = s.dA_cumsum.shape[2]
-    dstates = torch.empty((b, nc, H, P, N), dtype=dtype, device=device)
-    ddA_last = torch.zeros((nslots(P, N), b, H, nc), dtype=torch.float32, device=device)
-    args = (dstates, ddA_last, s.dy, i.z, i.C, s.dA_cumsum, s.prev_states_lowp, s.dfinal, i.seq_idx)
-
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.stage_grads(lowp)
-        out = {"dstates": g["states"], "ddA_last": g["dA_last"]}
-        if s.dfinal is not None:
-            out["dinitial_states"] = g["initial_states"]
-        return out
-
-    def outputs(dinit: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {"dstates": dstates.float(), "ddA_last": ddA_last.sum(0)}
-        if s.dfinal is not None:
-            out["dinitial_states"] = dinit.float()
-        return out
-
-    e = i.x.element_size()
-    return Problem(
-        args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
-        outputs=outputs,
-        bytes_moved=(b * L * H * P * (1 + (i.z is not None)) + b * L * i.C.shape[2] * N) * e
-        + 2 * dstates.numel() * e + s.dA_cumsum.numel() * 4,
-        flops=2 * b * L * H * P * N,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = bwd_common.StageInputs.make({**dims, "has_initial_states": dims["has_dfinal"]}, dtype, device, seed)
-    i = s.inp
-    b, _, H, P = i.x.shape
-    N = i.C.shape[3]
-    dfinal = None if s.dfinal is None else s.dfinal.reshape(b, H, P * N)
-    prev = s.prev_states_lowp.float().reshape(b, -1, H, P * N)
-    dout = s.gated_dout()
-
-    def fn() -> Any:
-        dstates = mods["chunk_scan"]._chunk_scan_bwd_dstates(i.C, s.dA_cumsum, dout, seq_idx=i.seq_idx,
-                                                            dtype=torch.float32)
-        return mods["state_passing"]._state_passing_bwd(
-            prev, s.dA_cumsum[..., -1], dstates.reshape(b, -1, H, P * N), dfinal_states=dfinal,
-            seq_idx=i.seq_idx, has_initial_states=s.dfinal is not None, dstates_dtype=dtype,
-            states_dtype=torch.float32, chunk_size=i.chunk_size)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [headdim, dstate, chunk positions per dot].
-_SEEDS = common.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 64, 64], 4, 3),
-                             ([64, 64, 32], 4, 3), ([32, 32, 64], 4, 3), ([64, 128, 32], 8, 3)])
-
 # Default (no tuned entry): 32-row state blocks give 512 programs at Nano TP1 (b 2, H 64, P 64, N 128).
-_DEFAULT = bwd_common.clamped_default([32, 64, 64], ("headdim", "dstate", "chunk_size"), 4, 3)
+_DEFAULT = common.clamped_default([32, 64, 64], ("headdim", "dstate", "chunk_size"), 4, 3)
 
-SSD_CHUNK_STATE_PASSING_BWD = register(
-    TunableKernel(
-        name="ssd_chunk_state_passing_bwd",
-        family="ssd",
-        kernel=chunk_state_passing_bwd_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        default_config=_DEFAULT,
-        description="SSD B2+B3 fused: state gradients by a reverse walk over chunks, dinitial_states and the "
-                    "state passing's d dA_last (mamba-ssm _chunk_scan_bwd_dstates_kernel + "
-                    "_state_passing_bwd_kernel)",
-    )
+
+SSD_CHUNK_STATE_PASSING_BWD = runtime.RuntimeKernel(
+    name="ssd_chunk_state_passing_bwd",
+    family="ssd",
+    kernel=chunk_state_passing_bwd_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
+    default_config=_DEFAULT,
 )

@@ -16,7 +16,8 @@ group's heads in order: dCB tiles live in registers (rounded to the dots' dtype,
 mamba-ssm's bmm backward reads them), every sum has a fixed order, no atomics, and dB
 and dC are written once in the inputs' dtype.
 
-Order: Helion kernel -> host launcher -> tuning record.
+Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
+`autotune_cli/tuning/ssd/`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ import helion.language as hl
 import torch
 
 from kernels import runtime
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
-from kernels.ssd import bwd_common, common
+from kernels.ssd import common
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -152,13 +152,9 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     return runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return common.pick(common.mixer_dims(shape), DIMS)
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -169,75 +165,16 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_seq_idx": int(seq_idx is not None)}
 
 
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = bwd_common.StageInputs.make(dims, dtype, device, seed)
-    i = s.inp
-    dstates = s.dstates_lowp
-    args = (s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates, i.seq_idx)
-
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.stage_grads(lowp)
-        return {"dB": g["B"].float(), "dC": g["C"].float()}
-
-    b, L, H, P = i.x.shape
-    G, N = i.C.shape[2], i.C.shape[3]
-    e = i.x.element_size()
-    return Problem(
-        args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
-        outputs=lambda res: {"dB": res[0].float(), "dC": res[1].float()},
-        bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 4 * i.C.numel()) * e + 2 * dstates.numel() * e
-        + 2 * s.dt_out.numel() * 4,
-        flops=4 * b * L * H * P * N + 2 * b * L * H * P * i.chunk_size + 2 * b * L * G * N * i.chunk_size,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = bwd_common.StageInputs.make(dims, dtype, device, seed)
-    i = s.inp
-    G = i.B.shape[2]
-    dstates = s.dstates_lowp
-    dout = s.gated_dout()
-    cs, sc, bm = mods["chunk_state"], mods["chunk_scan"], mods["bmm"]
-
-    def fn() -> Any:
-        dB, _ = cs._chunk_state_bwd_db(i.x, s.dt_out, s.dA_cumsum, dstates, seq_idx=i.seq_idx, B=i.B, ngroups=G)
-        dC, _ = sc._chunk_scan_bwd_dC(s.prev_states_lowp, s.dA_cumsum, dout, seq_idx=i.seq_idx, C=i.C, ngroups=G)
-        dCB = sc._chunk_scan_bwd_dcb(i.x, s.dt_out, s.dA_cumsum, dout, seq_idx=i.seq_idx, ngroups=G).float()
-        dB2 = bm._bmm_chunk_bwd(i.C, dCB, residual=dB)
-        dC2 = bm._bmm_chunk_bwd(i.B, dCB.transpose(-1, -2), residual=dC)
-        return dB2, dC2
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot].
-_SEEDS = common.fixed_seeds([([64, 128, 32, 64], 4, 3), ([64, 64, 32, 64], 4, 3), ([32, 128, 32, 64], 4, 3),
-                             ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2), ([32, 64, 32, 32], 4, 3)])
-
 # Default (no tuned entry): two 64 x dstate fp32 accumulators per program want 8 warps.
-_DEFAULT = bwd_common.clamped_default([64, 128, 32, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 8, 2)
+_DEFAULT = common.clamped_default([64, 128, 32, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 8, 2)
 
-SSD_CHUNK_STATE_SCAN_BWD_DBDC = register(
-    TunableKernel(
-        name="ssd_chunk_state_scan_bwd_dbdc",
-        family="ssd",
-        kernel=chunk_state_scan_bwd_dbdc_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        default_config=_DEFAULT,
-        description="SSD B5+B6+B7+B8 fused: dB and dC summed over each group's heads in order, dCB in registers "
-                    "(mamba-ssm _chunk_state_bwd_db_kernel + _chunk_scan_bwd_dc_kernel + _chunk_scan_bwd_dcb_kernel "
-                    "+ _bmm_chunk_bwd_kernel x2)",
-    )
+
+SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(
+    name="ssd_chunk_state_scan_bwd_dbdc",
+    family="ssd",
+    kernel=chunk_state_scan_bwd_dbdc_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
+    default_config=_DEFAULT,
 )

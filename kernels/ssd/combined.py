@@ -24,6 +24,7 @@ from typing import Any
 import helion
 import torch
 
+from kernels import vocab
 from kernels.ssd import (
     bmm,
     chunk_cumsum,
@@ -107,7 +108,7 @@ def ssd_forward(
     initial_states: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
-    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     fuse_bmm: bool | None = None,
     fuse_state_passing: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +156,7 @@ def ssd_backward(
     initial_states: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
-    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
 ) -> dict[str, torch.Tensor | None]:
     """Gradients of `ssd_forward`'s (out, final_states) for output gradients (dy, dfinal_states).
 
@@ -230,7 +231,7 @@ def mamba_chunk_scan_combined(
     initial_states: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
-    dt_limit: tuple[float, float] = common.DT_LIMIT_NONE,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     return_final_states: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Mamba-2 SSD, drop-in for `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined` (with autograd).

@@ -13,9 +13,9 @@ sizes the best hand-picked config, block_d 2048 and block_c 4, ran at the copy b
 Helion's default config (block_d 32) takes 0.20 ms: tune it.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
-tuning record. The scan runs in fp32; the states entering each chunk are written in the
-output dtype (mamba-ssm: C's dtype, what F5 feeds its dot), the final state in fp32.
-"""
+runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). The scan runs in
+fp32; the states entering each chunk are written in the output dtype (mamba-ssm: C's
+dtype, what F5 feeds its dot), the final state in fp32."""
 
 from __future__ import annotations
 
@@ -26,9 +26,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.reference import chunk_cumsum_ref, state_passing_ref
-from kernels.registry import Baseline, ModelShape, Problem, TunableKernel, register
+from kernels import runtime, vocab
 from kernels.ssd import common
 
 
@@ -118,7 +116,7 @@ def _check(states: torch.Tensor, dA_cumsum: torch.Tensor, initial_states: torch.
             raise ValueError(f"ssd: seq_idx shape {tuple(seq_idx.shape)} is not (batch, seqlen) with batch={batch} "
                              f"and ceil(seqlen / chunk_size={chunk_size}) = nchunks={nchunks}")
         common.check_seq_idx(seq_idx, batch, seq_idx.shape[1])
-    if out_dtype not in common.FLOAT_DTYPES:
+    if not vocab.is_float(out_dtype):
         raise ValueError(f"ssd: out_dtype {out_dtype} is not one of fp32, fp16, bf16")
     common.check_device(states.device, dA_cumsum=dA_cumsum, initial_states=initial_states, seq_idx=seq_idx)
 
@@ -156,16 +154,10 @@ def state_passing_fwd(
     return _launch(states, dA_cumsum, initial_states, seq_idx, out_dtype)
 
 
-# --- tuning record --------------------------------------------------------------------
+# --- runtime declaration ----------------------------------------------------------------
 
 # seqlen here is nchunks * chunk_size (the kernel sees chunks, not positions).
 DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_initial_states", "has_seq_idx")
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    dims = common.pick(common.mixer_dims(shape), DIMS)
-    dims["seqlen"] = common.nchunks_of(shape.seqlen, shape.chunk_size) * shape.chunk_size
-    return dims
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -177,79 +169,11 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_seq_idx": int(seq_idx is not None)}
 
 
-class _StageInputs:
-    """F3's inputs: dA_cumsum from the F1 reference and random fp32 chunk states (F3 does
-    not care where they come from; F2's reference would cost minutes at model sizes on CPU)."""
-
-    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
-        full = {**dims, "has_dt_bias": 1, "dt_softplus": 1, "ngroups": 1}
-        self.inp = i = common.SSDInputs.make(full, dtype, device, seed)
-        self.dA_cumsum, _dt = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
-        b, _L, H, P = i.x.shape
-        gen = torch.Generator(device="cpu").manual_seed(seed + 1)
-        shape = (b, self.dA_cumsum.shape[2], H, P, i.B.shape[3])
-        self.states = (torch.randn(*shape, generator=gen) * 0.5).to(device)
-
-
-def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    s = _StageInputs(dims, dtype, device, seed)
-    i = s.inp
-    out = torch.empty(s.states.shape, dtype=dtype, device=device)
-    args = (out, s.states, s.dA_cumsum, i.initial_states, i.seq_idx)
-
-    def ref(out_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        prev, final = state_passing_ref(s.states, s.dA_cumsum[..., -1], i.initial_states, i.seq_idx,
-                                        i.chunk_size, out_dtype=out_dtype)
-        return {"prev_states": prev.float(), "final_states": final}
-
-    n = s.states.numel()
-    return Problem(
-        args=args,
-        reference=lambda: ref(torch.float32),
-        # Every implementation scans in fp32 (mamba-ssm's reference too); low precision only
-        # rounds the states written for F5.
-        lowp_reference=lambda: ref(dtype),
-        outputs=lambda final: {"prev_states": out.float(), "final_states": final.float()},
-        bytes_moved=n * 4 + n * out.element_size() + s.dA_cumsum.numel() * 4,
-    )
-
-
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
-    found = common.mamba_ssm_ops()
-    if found is None or device.type != "cuda":
-        return None
-    mods, name = found
-    s = _StageInputs(dims, dtype, device, seed)
-    i = s.inp
-    b, nc, h, p, n = s.states.shape
-    flat = s.states.view(b, nc, h, p * n)
-    init = None if i.initial_states is None else i.initial_states.reshape(b, h, p * n)
-    dA_last = s.dA_cumsum[..., -1]
-
-    def fn() -> Any:
-        return mods["state_passing"]._state_passing_fwd(flat, dA_last, initial_states=init, seq_idx=i.seq_idx,
-                                                       chunk_size=i.chunk_size, out_dtype=dtype)
-
-    return Baseline(name, fn)
-
-
-# block_sizes = [state elements (headdim x dstate) per program, chunks per scan block].
-_SEEDS = common.fixed_seeds([([2048, 4], 8, 2), ([4096, 2], 8, 2), ([2048, 2], 8, 2), ([1024, 4], 4, 2), ([4096, 4], 8, 2)])
-
-
-SSD_STATE_PASSING = register(
-    TunableKernel(
-        name="ssd_state_passing",
-        family="ssd",
-        kernel=state_passing_kernel,
-        dims=DIMS,
-        size_dims=common.size_dims(DIMS),
-        dims_for=_dims_for,
-        dims_from_args=_dims_from_args,
-        make_problem=_make_problem,
-        make_baseline=_baseline,
-        seed_configs=_SEEDS,
-        description="SSD F3: inter-chunk state recurrence as a blocked associative scan "
-                    "(mamba-ssm _state_passing_fwd_kernel, sequential there)",
-    )
+SSD_STATE_PASSING = runtime.RuntimeKernel(
+    name="ssd_state_passing",
+    family="ssd",
+    kernel=state_passing_kernel,
+    dims=DIMS,
+    size_dims=common.size_dims(DIMS),
+    dims_from_args=_dims_from_args,
 )

@@ -26,8 +26,8 @@ import pytest
 import torch
 from helion.runtime.ref_mode import RefMode
 
+from autotune_cli.tuning import all_kernels
 from kernels import runtime
-from kernels.registry import all_kernels
 
 
 def _cpu_capable_dot(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -1,5 +1,5 @@
 """The SSD backward in Helion ref mode on CPU: each backward kernel and the autograd drop-in
-against the reference gradients (autograd through kernels.reference, stage by stage, and
+against the reference gradients (autograd through autotune_cli.reference, stage by stage, and
 through the sequential recurrence).
 
 Bound as in the forward (test_kernels_ref_mode.py): err(ours) <= 2 * err(eager torch in the
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune_cli.reference import ssd_chunked_grads, ssd_recurrent_ref
+from autotune_cli.tuning import get
+from autotune_cli.tuning.ssd.inputs import SSDInputs
 from kernels import runtime
-from kernels.reference import ssd_chunked_grads, ssd_recurrent_ref
-from kernels.registry import get
 from kernels.ssd import mamba_chunk_scan_combined
-from kernels.ssd.common import SSDInputs
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode", "nan_empty")
 

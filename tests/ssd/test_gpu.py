@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from autotune_cli.benchmarks.common import capture
+from autotune_cli.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
+from autotune_cli.tuning import ModelShape, get
+from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from kernels import runtime
-from kernels.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
-from kernels.registry import ModelShape, get
 from kernels.ssd import mamba_chunk_scan_combined, ssd_forward
 from kernels.ssd.bmm import bmm_chunk_fwd, mask_other_sequences
 from kernels.ssd.combined import UNSAFE_GPU_SEQ_IDX
-from kernels.ssd.common import SSDInputs, mamba_ssm_ops, mixer_dims
 
 pytestmark = [
     pytest.mark.gpu,

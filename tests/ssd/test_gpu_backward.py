@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from autotune_cli.benchmarks.common import capture
+from autotune_cli.reference import ssd_chunked_grads
+from autotune_cli.tuning import ModelShape, get
+from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from kernels import runtime
-from kernels.reference import ssd_chunked_grads
-from kernels.registry import ModelShape, get
 from kernels.ssd import mamba_chunk_scan_combined
-from kernels.ssd.common import SSDInputs, mamba_ssm_ops, mixer_dims
 
 pytestmark = [
     pytest.mark.gpu,

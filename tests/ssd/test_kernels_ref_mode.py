@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import runtime
-from kernels.reference import (
+from autotune_cli.reference import (
     bmm_chunk_ref,
     chunk_cumsum_ref,
     chunk_scan_ref,
@@ -25,7 +24,9 @@ from kernels.reference import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
-from kernels.registry import get
+from autotune_cli.tuning import get
+from autotune_cli.tuning.ssd.inputs import SSDInputs
+from kernels import runtime
 from kernels.ssd import (
     bmm_chunk_fwd,
     chunk_cumsum_fwd,
@@ -36,7 +37,6 @@ from kernels.ssd import (
     ssd_forward,
     state_passing_fwd,
 )
-from kernels.ssd.common import SSDInputs
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode", "nan_empty")
 

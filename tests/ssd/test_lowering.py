@@ -61,7 +61,8 @@ CASES = _cases()
 # Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
 _WORKER = r"""
 import json, sys, torch
-from kernels.registry import DTYPES, get
+from autotune_cli.tuning import get
+from kernels.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
 for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     tk = get(stage)
@@ -69,7 +70,7 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     if stage == "ssd_state_passing":  # its seqlen is the padded length
         dims["seqlen"] = -(-dims["seqlen"] // dims["chunk_size"]) * dims["chunk_size"]
     try:
-        problem = tk.make_problem(dims, DTYPES[dtype], torch.device("cpu"), 0)
+        problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
         bound = tk.kernel.bind(problem.args)
         code = bound.to_triton_code(bound.config_spec.default_config())
         result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store"}

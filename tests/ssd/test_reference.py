@@ -1,6 +1,6 @@
 """The two SSD reference levels check each other (plain PyTorch, fp32, CPU).
 
-The chunked einsum form (kernels.reference.ssd_chunked_ref, stage by stage) against the
+The chunked einsum form (autotune_cli.reference.ssd_chunked_ref, stage by stage) against the
 token-by-token recurrence (ssd_recurrent_ref), over every option of
 mamba_chunk_scan_combined; plus properties of single stages that the kernels rely on.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import (
+from autotune_cli.reference import (
     bmm_chunk_ref,
     chunk_cumsum_ref,
     chunk_state_ref,
@@ -18,8 +18,8 @@ from kernels.reference import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
+from autotune_cli.tuning.ssd.inputs import SSDInputs
 from kernels.ssd.bmm import mask_other_sequences
-from kernels.ssd.common import SSDInputs
 
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
 SHAPES = [

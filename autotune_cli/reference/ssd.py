@@ -2,7 +2,7 @@
 
 Two independent levels that check each other:
 
-- The chunked form, one function per stage (F1-F5 of `shared/reference/mamba2-kernels.md`),
+- The chunked form, one function per stage (F1-F5 of the Mamba-2 SSD forward as mamba-ssm splits it),
   written with einsum: `chunk_cumsum_ref`, `chunk_state_ref`, `state_passing_ref`,
   `bmm_chunk_ref`, `chunk_scan_ref`, composed by `ssd_chunked_ref`. These mirror the
   kernels' stage boundaries, so each kernel is checked on its own.
@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-DT_LIMIT_NONE = (0.0, float("inf"))
+from kernels.vocab import DT_LIMIT_NONE
 
 
 def ssd_dt_ref(

@@ -1,6 +1,6 @@
-"""Shared pieces of the SSD backward's tuning records: one set of stage inputs for every kernel.
+"""Inputs of the SSD backward's tuning records: one set of stage inputs for every kernel.
 
-`StageInputs` draws `mamba_chunk_scan_combined`'s inputs (common.SSDInputs), an output
+`StageInputs` draws `mamba_chunk_scan_combined`'s inputs (inputs.SSDInputs), an output
 gradient dy (and dfinal_states), seeded chunk states S (from which the states entering
 each chunk follow by the fp32 state passing) and seeded state gradients G (what the dx
 and dB/dC kernels read as dstates): random stage inputs, as F5's record uses random
@@ -13,35 +13,21 @@ asked for: F3 (S -> entering states, final states), F4, F5 with dy, F2 with G.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from kernels.reference import (
+from autotune_cli.reference import (
     bmm_chunk_ref,
     chunk_cumsum_ref,
     chunk_scan_ref,
     chunk_state_ref,
     state_passing_ref,
 )
-from kernels.ssd import common
+from autotune_cli.tuning.ssd import inputs
 
 # Flags a backward stage's dims may leave out: the Mamba-2 mixer's call.
 MIXER_FLAGS = {"has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": 0,
                "has_initial_states": 0}
-
-
-def clamped_default(block_sizes: list[int], block_dims: tuple[str, ...], num_warps: int,
-                    num_stages: int) -> Callable[[dict[str, int]], dict[str, Any]]:
-    """A kernel's default config: these block sizes, each cut to its dim's next power of two
-    (at least 16, the dots' minimum), so that small test shapes get valid blocks too."""
-    def config(dims: dict[str, int]) -> dict[str, Any]:
-        sizes = [min(bs, max(16, 1 << (int(dims[d]) - 1).bit_length())) for bs, d in zip(block_sizes, block_dims,
-                                                                                       strict=True)]
-        return {"block_sizes": sizes, "num_warps": num_warps, "num_stages": num_stages}
-
-    return config
 
 
 def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -56,7 +42,7 @@ def _grad(t: torch.Tensor | None) -> torch.Tensor | None:
 
 @dataclasses.dataclass
 class StageInputs:
-    inp: common.SSDInputs
+    inp: inputs.SSDInputs
     dy: torch.Tensor
     dfinal: torch.Tensor | None
     dA_cumsum: torch.Tensor  # (batch, nheads, nchunks, chunk_size) fp32
@@ -70,7 +56,7 @@ class StageInputs:
     @classmethod
     def make(cls, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> StageInputs:
         full = {**MIXER_FLAGS, **dims}
-        i = common.SSDInputs.make(full, dtype, device, seed)
+        i = inputs.SSDInputs.make(full, dtype, device, seed)
         gen = torch.Generator(device="cpu").manual_seed(seed + 7)
         b, _, H, P = i.x.shape
         N = i.B.shape[3]

@@ -1,6 +1,6 @@
 """Reference gradients of the SSD: autograd through the chunked fp32 reference, stage by stage.
 
-`ssd_chunked_grads` runs `kernels.reference.ssd`'s F1-F5 with every stage boundary cut
+`ssd_chunked_grads` runs `autotune_cli.reference.ssd`'s F1-F5 with every stage boundary cut
 into a leaf, then back-propagates stage by stage (F5 and F3, then F2 and F4, then F1).
 The result holds the gradients of the inputs (what `mamba_chunk_scan_combined`'s backward
 returns) and of every intermediate that a backward kernel produces, so each kernel is
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference.ssd import (
+from autotune_cli.reference.ssd import (
     DT_LIMIT_NONE,
     bmm_chunk_ref,
     chunk_cumsum_ref,

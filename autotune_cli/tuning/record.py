@@ -1,0 +1,121 @@
+"""The tuning record of a kernel: what the sweep needs beyond what the runtime declares.
+
+A `TunableKernel` wraps the kernel's `kernels.runtime.RuntimeKernel` (name, key dims from
+the call's arguments, default config) and adds how to build inputs for a shape, how to
+check outputs against the fp32 reference, what to time as a baseline and where the
+search starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from kernels.runtime import RuntimeKernel
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """One Mamba-2 layer's sizes after tensor parallelism, at one batch and seqlen."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    chunk_size: int
+    # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
+    packed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Inputs for one tuning combo, plus what the checker and the timer need."""
+
+    args: tuple[Any, ...]
+    # fp32 reference outputs (name -> tensor), computed by autotune_cli.reference.
+    reference: Callable[[], dict[str, torch.Tensor]]
+    # The same reference evaluated in the low dtype (eager torch): the error bound.
+    lowp_reference: Callable[[], dict[str, torch.Tensor]]
+    # Kernel return value -> named outputs comparable with the references.
+    outputs: Callable[[Any], dict[str, torch.Tensor]]
+    # Bytes moved through device memory (each input read once, each output written once).
+    bytes_moved: int
+    flops: int = 0
+
+    def run(self, fn: Callable[..., Any]) -> Any:
+        """Run a compiled (or ref-mode) kernel on this problem; `outputs` reads the result."""
+        return fn(*self.args)
+
+
+def mamba_ssm_version() -> str:
+    """The installed mamba-ssm's version ("?" when unknown), for naming baselines."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("mamba_ssm")
+    except importlib.metadata.PackageNotFoundError:
+        import mamba_ssm
+
+        return getattr(mamba_ssm, "__version__", "?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    name: str  # e.g. "mamba-ssm 2.3.2.post1"
+    fn: Callable[[], Any]  # a closure timed with do_bench
+
+
+@dataclasses.dataclass(frozen=True)
+class TunableKernel:
+    runtime: RuntimeKernel
+    # Key dims for a layer shape; None when the kernel does not apply to it.
+    dims_for: Callable[[ModelShape], dict[str, int] | None]
+    make_problem: Callable[[dict[str, int], torch.dtype, torch.device, int], Problem]
+    # Baseline (mamba-ssm) for the same problem, or None when it is not importable.
+    make_baseline: Callable[[dict[str, int], torch.dtype, torch.device, int], Baseline | None] | None = None
+    description: str = ""
+    # Hand-written starting points for the search at these dims (Helion config dicts, which
+    # may leave keys out): what a person would try first. They join the search's first
+    # generation; the search still covers the whole space and keeps only what it measures.
+    seed_configs: Callable[[dict[str, int]], list[dict[str, Any]]] | None = None
+
+    # What the runtime declares, read through the record.
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+    @property
+    def family(self) -> str:
+        return self.runtime.family
+
+    @property
+    def kernel(self) -> Any:
+        return self.runtime.kernel
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return self.runtime.dims
+
+    @property
+    def size_dims(self) -> tuple[str, ...]:
+        return self.runtime.size_dims
+
+    @property
+    def dims_from_args(self) -> Callable[[Sequence[Any]], dict[str, int]]:
+        return self.runtime.dims_from_args
+
+    @property
+    def default_config(self) -> Callable[[dict[str, int]], dict[str, Any]] | None:
+        return self.runtime.default_config
+
+    def source_sha256(self) -> str:
+        return self.runtime.source_sha256()
+
+    def default_for(self, bound: Any, dims: dict[str, int]) -> Any:
+        return self.runtime.default_for(bound, dims)

@@ -1,0 +1,113 @@
+"""The package layout: `kernels/` is the training-time library only, and no import circles.
+
+`import kernels` (what a training process does) must not load the tuner (`autotune_cli`),
+an fp32 reference or a tuning record. And the project's modules must form no import
+circle; every import statement counts, function-level (lazy) ones too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kernels", "autotune_cli")
+PROJECT = (*PACKAGES, "generated_configs")
+
+
+def test_import_kernels_loads_no_tuning_or_reference_module(clean_env: dict[str, str]) -> None:
+    code = "import kernels, sys; print('\\n'.join(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loaded = [m for m in r.stdout.split() if m.split(".")[0] in PROJECT]
+    assert "kernels.runtime" in loaded  # the probe saw the project's modules at all
+    bad = [m for m in loaded if m.split(".")[0] == "autotune_cli" or "reference" in m or "tuning" in m]
+    assert not bad, f"`import kernels` loads {', '.join(bad)}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> Iterator[str]:
+    """The project modules one import statement loads (not counting parent packages)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if is_package else module.split(".")[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join([*package, *([base] if base else [])])
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+    for name in names:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            yield name
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    known = set(files)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imports = (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        graph[module] = {t for node in imports
+                         for t in _targets(node, module, path.name == "__init__.py", known) if t != module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_import_graph_reads_the_project() -> None:
+    graph = import_graph()
+    assert "kernels.runtime" in graph["kernels.norm.gated"]
+    assert "kernels.ssd.common" in graph["kernels.ssd.chunk_scan"]
+    assert "autotune_cli.tuning" in graph["autotune_cli.sweep"]
+
+
+def test_kernels_import_nothing_of_autotune_cli() -> None:
+    graph = import_graph()
+    bad = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] == "kernels"
+                 for t in targets if t.split(".")[0] != "kernels")
+    assert not bad, "kernels/ imports outside itself: " + "; ".join(bad)
+
+
+def test_no_import_circle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
