@@ -78,10 +78,11 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
                              source="t.yaml"))
     assert all(c.dims.get("has_seq_idx", 0) == 0 for c in plain)
     new = {c.key for c in packed} - {c.key for c in plain}
-    assert {c.kernel for c in packed if c.key in new} == {"ssd_chunk_state", "ssd_state_passing",
-                                                            "ssd_chunk_state_passing", "ssd_chunk_scan"}
+    with_seq_idx = {"ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_chunk_scan",
+                    "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc"}
+    assert {c.kernel for c in packed if c.key in new} == with_seq_idx
     assert all(c.dims["has_seq_idx"] == 1 for c in packed if c.key in new)
-    assert len(new) == 4 * sum(len(m.batch) * len(m.seqlen) for m in parse_spec(base, source="t.yaml").models)
+    assert len(new) == len(with_seq_idx) * sum(len(m.batch) * len(m.seqlen) for m in parse_spec(base, source="t.yaml").models)
     # Kernels without seq_idx in their key (norm, F1, F4) keep one combo, now from both origins.
     (bmm,) = [c for c in packed if c.kernel == "ssd_bmm" and c.dims["ngroups"] == 8 and c.dims["seqlen"] == 8192]
     assert bmm.origins == ("nemotron-3-nano-30b tp=1 batch=2 seqlen=8192",
