@@ -192,7 +192,7 @@ def sweep_command(
         bundle_name=source.bundle_name, spec_ref=source.spec_ref,
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
-                             timeout_s=timeout, partial=bool(kernel or origin)),
+                             timeout_s=timeout, partial=bool(kernel or origin or from_record)),
         console=err,
     )
     _run(sweep)
