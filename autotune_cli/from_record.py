@@ -41,8 +41,9 @@ def combos_from_record(path: str | Path, *, force: bool = False) -> RecordPlan:
         if set(dims) != set(tk.dims):
             raise RecordError(f"{where}: {kernel} has dims {', '.join(tk.dims)}, the record has "
                               f"{', '.join(sorted(dims))}")
-        if any(v < 0 for v in dims.values()):
-            raise RecordError(f"{where}: negative dim")
+        negative = [f"{d}={v}" for d, v in dims.items() if v < 0]
+        if negative:
+            raise RecordError(f"{where}: negative dims {', '.join(negative)}")
         if dtype not in DTYPES:
             raise RecordError(f"{where}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
         served = rec["served"]
