@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,15 @@ MODEL_PRESETS: dict[str, ModelDims] = {
     "zamba2-2.7b": ModelDims(d_model=2560, nheads=80, headdim=64, ngroups=1, dstate=64, chunk_size=256),
     "falcon-h1-0.5b": ModelDims(d_model=1024, nheads=24, headdim=64, ngroups=1, dstate=128, chunk_size=128),
 }
+
+
+def tp_degrees(dims: ModelDims) -> list[int]:
+    """The tensor-parallel degrees a spec accepts for these dims: those dividing nheads and ngroups.
+
+    (Megatron-style TP splits heads and groups across ranks; one group cannot be split.)
+    """
+    g = math.gcd(dims.nheads, dims.ngroups)
+    return [t for t in range(1, g + 1) if g % t == 0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,11 @@ Drop-in replacements for the mamba-ssm API; each kernel runs the config tuned fo
 current GPU from the bundles in `generated_configs/` (see `kernels.runtime`).
 `patch_mamba_ssm()` (or MAMBA_TUNE_PATCH_MAMBA_SSM=1 at import) makes mamba-ssm's own
 modules call them (see `kernels.patch`).
+`record_calls(path)` (or MAMBA_TUNE_RECORD=path) records which kernel keys run (see
+`kernels.record`).
 """
 
+from kernels import record as _record
 from kernels.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 from kernels.patch import (
     MambaSsmNotInstalledError,
@@ -15,6 +18,7 @@ from kernels.patch import (
     patched_mamba_ssm,
     unpatch_mamba_ssm,
 )
+from kernels.record import record_calls
 from kernels.runtime import Mode, configure
 from kernels.ssd import mamba_chunk_scan_combined
 
@@ -29,8 +33,10 @@ __all__ = [
     "mamba_chunk_scan_combined",
     "patch_mamba_ssm",
     "patched_mamba_ssm",
+    "record_calls",
     "rmsnorm_fn",
     "unpatch_mamba_ssm",
 ]
 
 patch_from_env()
+_record.start_from_env()

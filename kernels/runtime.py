@@ -305,6 +305,8 @@ def configure(*, bundle_paths: Sequence[str | os.PathLike[str]] | None = None, m
         _RT.compiled.clear()
         _RT.resolutions.clear()
         _RT.warned.clear()
+    if _RECORDER is not None:
+        _RECORDER.forget_resolutions()
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -437,12 +439,39 @@ def _to_config(config: dict[str, Any], bound: Any) -> Any:
 
 def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:
     """The compiled callable for these arguments (compiled on the first call only)."""
-    sig = _signature(args)
-    fn = _RT.compiled.get((rk.name, sig))
+    k = (rk.name, _signature(args))
+    fn = _RT.compiled.get(k)
     if fn is None:
         with _RT.lock:
-            fn = _RT.compiled.get((rk.name, sig)) or _prepare(rk, args, sig)
+            fn = _RT.compiled.get(k) or _prepare(rk, args, k[1])
+    if _RECORDER is not None:
+        _RECORDER.count(rk, args, k)
     return fn
+
+
+# --- recording (kernels/record.py): the one check `lookup` pays when it is off ----------
+
+_RECORDER: Any = None  # a kernels.record.Recorder while recording
+
+
+def recorder() -> Any:
+    """The active kernels.record.Recorder, or None."""
+    return _RECORDER
+
+
+def set_recorder(rec: Any) -> None:
+    global _RECORDER
+    _RECORDER = rec
+
+
+def resolution_of(k: tuple[Any, ...]) -> Resolution | None:
+    """The resolution a compiled (kernel name, signature) ran with, if it was resolved."""
+    return _RT.resolutions.get(k)
+
+
+def dtype_of(args: Sequence[Any]) -> str:
+    """The dtype name of a call (its first tensor's), as in entry keys."""
+    return _dtype_of(args)
 
 
 def run(rk: RuntimeKernel, args: Sequence[Any]) -> Any:

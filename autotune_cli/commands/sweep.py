@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -26,6 +27,7 @@ from autotune_cli.spec import (
     SEARCH_ALGORITHMS,
     Budget,
     SpecError,
+    Tolerance,
     dims_problem,
     load_spec,
     name_problem,
@@ -98,8 +100,59 @@ TimeoutOpt = Annotated[float | None, typer.Option(metavar="SECONDS", help="Kill 
                                                        "(default: 2 x the search budget + 10 min).", min=1)]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """What a sweep's combos come from: a spec, or a call record."""
+
+    kernels: list[str]
+    budget: Budget
+    tolerances: dict[str, Tolerance]
+    target_sku: str
+    bundle_name: str
+    spec_ref: SpecRef | None
+    where: str
+    what: str = "spec"
+
+
+def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None,
+                   cpu_dry_run: bool) -> tuple[list[Combo], _Source]:
+    """`--from-record`: the recorded combos without an exact entry, the target GPU and bundle name."""
+    from autotune_cli.from_record import combos_from_record
+    from autotune_cli.presets import GPU_SKUS
+    from kernels.record import RecordError
+
+    try:
+        rp = combos_from_record(path, force=force)
+    except RecordError as e:
+        fail(str(e))
+    if gpu is None:
+        if len(rp.skus) > 1:
+            fail(f"{path}: calls ran on several GPUs ({', '.join(rp.skus)}); pick the target with --gpu")
+        if not rp.skus and not cpu_dry_run:
+            fail(f"{path}: the calls ran on no GPU (a CPU record); name the target with --gpu")
+        gpu = rp.skus[0] if rp.skus else "h200"
+    if gpu not in GPU_SKUS:
+        fail(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(GPU_SKUS)}")
+    bundle_name = name or path.stem
+    err.print(f"{path}: {rp.recorded} recorded key(s), {rp.exact} served exactly; "
+              f"{len(rp.combos)} to tune" + (" (--force: all)" if force else ""))
+    if not rp.combos:
+        out.print("nothing to tune: every recorded key has an exact entry (--force re-tunes them)")
+        raise typer.Exit(0)
+    return rp.combos, _Source(sorted(all_kernels()), Budget(), DEFAULT_TOLERANCES, gpu, bundle_name, None,
+                              str(path), "record")
+
+
 def sweep_command(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True, dir_okay=False)],
+    spec_path: Annotated[Path | None, typer.Argument(
+        metavar="SPEC", help="Sweep spec (YAML); or give --from-record.", exists=True, dir_okay=False)] = None,
+    from_record: Annotated[Path | None, typer.Option(
+        help="Tune the kernel keys of a call record (kernels.record_calls / MAMBA_TUNE_RECORD) that had no exact "
+             "entry (all of them with --force) instead of a spec's.", dir_okay=False)] = None,
+    gpu: Annotated[str | None, typer.Option(
+        help="With --from-record: target GPU SKU (default: the GPU the record's calls ran on).")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="With --from-record: bundle name, OUT/<gpu sku>/<name>.json (default: the record file's stem).")] = None,
     out_dir: OutOpt = DEFAULT_OUT,
     force: ForceOpt = False,
     gpus: GpusOpt = None,
@@ -115,33 +168,43 @@ def sweep_command(
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
 ) -> None:
-    """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
-    try:
-        spec = load_spec(spec_path)
-    except SpecError as e:
-        fail(str(e))
-    combos = plan(spec)
+    """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
+    if (spec_path is None) == (from_record is None):
+        fail("give a SPEC or --from-record FILE (exactly one)")
+    if from_record is not None:
+        combos, source = _record_source(from_record, force=force, gpu=gpu, name=name, cpu_dry_run=cpu_dry_run)
+    else:
+        if gpu is not None or name is not None:
+            fail("--gpu and --name go with --from-record; a spec names its target and bundle")
+        assert spec_path is not None
+        try:
+            spec = load_spec(spec_path)
+        except SpecError as e:
+            fail(str(e))
+        combos = plan(spec)
+        source = _Source(spec.kernels, spec.budget, spec.tolerances, spec.target.gpu, spec.name,
+                         SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256), str(spec_path))
     if kernel:
-        unknown = sorted(set(kernel) - set(spec.kernels))
+        unknown = sorted(set(kernel) - set(source.kernels))
         if unknown:
-            fail(f"--kernel {', '.join(unknown)}: not in the spec's kernels ({', '.join(spec.kernels)})")
+            fail(f"--kernel {', '.join(unknown)}: not in the {source.what}'s kernels ({', '.join(source.kernels)})")
         combos = [c for c in combos if c.kernel in kernel]
     if origin:
         combos = [c for c in combos if any(o in text for o in origin for text in c.origins)]
         if not combos:
-            fail(f"--origin {' | '.join(origin)}: no combo of {spec_path} comes from it (see `mamba-tune plan`)")
-    budget = spec.budget
+            fail(f"--origin {' | '.join(origin)}: no combo of {source.where} comes from it (see `mamba-tune plan`)")
+    budget = source.budget
     if seconds_per_combo is not None:
         budget = budget.model_copy(update={"seconds_per_combo": seconds_per_combo})
     if cpu_dry_run and budget.effort != "none":
         err.print("cpu dry run: no search (effort none), default configs only")
         budget = budget.model_copy(update={"effort": "none"})
     sweep = Sweep(
-        combos, budget=budget, tolerances=spec.tolerances, target_sku=spec.target.gpu, bundle_name=spec.name,
-        spec_ref=SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256),
+        combos, budget=budget, tolerances=source.tolerances, target_sku=source.target_sku,
+        bundle_name=source.bundle_name, spec_ref=source.spec_ref,
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
-                             timeout_s=timeout, partial=bool(kernel or origin)),
+                             timeout_s=timeout, partial=bool(kernel or origin or from_record)),
         console=err,
     )
     _run(sweep)

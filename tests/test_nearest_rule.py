@@ -1,0 +1,65 @@
+"""The run-time nearest rule (kernels.runtime.nearest_entry): which entry a shape without its own gets."""
+
+from __future__ import annotations
+
+from bundles import entry, norm_dims
+
+from kernels import runtime
+from kernels.norm.gated import GATED_NORM_FWD
+from kernels.ssd.chunk_scan import SSD_CHUNK_SCAN
+
+
+def _scan(**over: int) -> dict[str, int]:
+    dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "headdim": 64, "ngroups": 8, "dstate": 128,
+            "chunk_size": 128, "has_D": 1, "has_z": 0, "has_seq_idx": 0, "fused_bmm": 0}
+    return {**dims, **over}
+
+
+def _pick(rk: runtime.RuntimeKernel, dims: dict[str, int], *candidates: dict[str, int]) -> dict[str, int] | None:
+    entries = [entry(rk.name, c) for c in candidates]
+    near = runtime.nearest_entry(rk, dims, entries)
+    return None if near is None else near.dims
+
+
+def test_distance_sums_log_ratios_over_the_size_dims():
+    # Call: batch 2, seqlen 8192, 64 heads. A: 2x the heads (distance log 2). B: 2x batch
+    # and 2x seqlen (2 log 2). C: 4x seqlen (log 4, a tie with B); in (batch, seqlen,
+    # nheads) order C = (2, 32768, 64) is smaller than B = (4, 16384, 64).
+    a, b, c = _scan(nheads=128), _scan(batch=4, seqlen=16384), _scan(seqlen=32768)
+    assert _pick(SSD_CHUNK_SCAN, _scan(), b, c, a) == a
+    assert _pick(SSD_CHUNK_SCAN, _scan(), b, c) == c  # equal distance: the smaller shape
+    # Halving and doubling are equally far (log space), whatever the order of the entries.
+    half, double = _scan(seqlen=4096), _scan(seqlen=16384)
+    assert _pick(SSD_CHUNK_SCAN, _scan(), double, half) == half
+    assert _pick(SSD_CHUNK_SCAN, _scan(), half, double) == half
+
+
+def test_each_size_dim_within_the_ratio_bound():
+    four = runtime.NEAREST_MAX_RATIO
+    assert four == 4.0
+    # Exactly 4x on a dim is allowed, beyond it is not, even when the total distance is small.
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(seqlen=8192 * 4)) == _scan(seqlen=8192 * 4)
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(seqlen=8192 * 4 + 128)) is None
+    assert _pick(SSD_CHUNK_SCAN, _scan(batch=8), _scan(batch=1)) is None
+    # A farther entry within the bound beats a nearer-in-total one that breaks it on one dim.
+    # (ok: 3x batch and 2x seqlen, distance log 6; broken: 5x heads, log 5.)
+    ok, broken = _scan(batch=6, seqlen=16384), _scan(nheads=64 * 5)
+    assert _pick(SSD_CHUNK_SCAN, _scan(), broken, ok) == ok
+
+
+def test_structural_dims_and_key_shape_must_match():
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(ngroups=4, nheads=64)) is None
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(has_z=1)) is None
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(dstate=64)) is None
+    # An entry whose key has other dims (an older kernel's key) is never near.
+    old = {k: v for k, v in _scan().items() if k != "fused_bmm"}
+    assert _pick(SSD_CHUNK_SCAN, _scan(), old) is None
+    # The norm varies rows only: d and group size are structure.
+    assert GATED_NORM_FWD.size_dims == ("rows",)
+    assert _pick(GATED_NORM_FWD, norm_dims(rows=8192), norm_dims(rows=16384, d=2048)) is None
+    assert _pick(GATED_NORM_FWD, norm_dims(rows=8192), norm_dims(rows=16384, group_size=256)) is None
+    assert _pick(GATED_NORM_FWD, norm_dims(rows=8192), norm_dims(rows=16384)) == norm_dims(rows=16384)
+
+
+def test_exact_key_is_its_own_nearest():
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(nheads=32), _scan()) == _scan()
