@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from autotune_cli.commands import bench, bundles, plan, review, sweep
+from autotune_cli.commands import bench, bundles, cluster, plan, review, sweep
 
 app = typer.Typer(
     name="mamba-tune",
@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for group in (plan, sweep, bundles, review, bench):
+for group in (plan, sweep, bundles, review, bench, cluster):
     group.register(app)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -76,6 +77,15 @@ DryOpt = Annotated[bool, typer.Option(
     help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
          "OUT/cpu/; for checking a spec end to end, never for real bundles.")]
 LogOpt = Annotated[Path, typer.Option(help="Folder for per-combo worker logs.", file_okay=False)]
+
+
+class Executor(str, enum.Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+ExecutorOpt = Annotated[Executor, typer.Option(
+    help="local: workers on this machine's GPUs; slurm: one Slurm job array (see docs/cluster.md).")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="Kill a combo's worker after this many seconds "
                                                        "(default: 2 x the search budget + 10 min).", min=1)]
 
@@ -96,6 +106,17 @@ def sweep_command(
     origin: Annotated[list[str] | None, typer.Option(
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
+    executor: ExecutorOpt = Executor.local,
+    slurm_partition: Annotated[str | None, typer.Option(help="slurm: the partition to submit to.")] = None,
+    slurm_account: Annotated[str | None, typer.Option(help="slurm: the account to charge.")] = None,
+    slurm_gpus_per_task: Annotated[int | None, typer.Option(
+        min=0, help="slurm: GPUs per array task (default 1; 0 with --cpu-dry-run).")] = None,
+    max_parallel: Annotated[int, typer.Option(
+        min=1, help="slurm: at most this many array tasks run at once (the array's %N).")] = 64,
+    slurm_extra: Annotated[list[str] | None, typer.Option(
+        help="slurm: an extra sbatch parameter KEY=VALUE, e.g. qos=high or cpus_per_task=16 (repeatable).")] = None,
+    wait: Annotated[bool, typer.Option(
+        help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
     try:
@@ -126,6 +147,12 @@ def sweep_command(
                              timeout_s=timeout, partial=bool(kernel or origin)),
         console=err,
     )
+    if executor == Executor.slurm:
+        from autotune_cli.commands.cluster import run_slurm
+
+        run_slurm(sweep, partition=slurm_partition, account=slurm_account, gpus_per_task=slurm_gpus_per_task,
+                  max_parallel=max_parallel, extra=slurm_extra or [], wait=wait)
+        return
     _run(sweep)
 
 
