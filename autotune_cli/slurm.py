@@ -31,6 +31,7 @@ from typing import Any
 
 from filelock import FileLock
 from rich.console import Console
+from rich.markup import escape
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo
@@ -249,27 +250,34 @@ def queued(job_ids: set[str]) -> dict[str, str]:
 
 
 def final_state(job_id: str, folder: Path) -> str:
-    """How a task that left the queue ended, in Slurm's words: scontrol (jobs finished within
-    MinJobAge), else sacct through submitit, else 'UNKNOWN'."""
+    """How a task that left the queue ended, in Slurm's words: scontrol (jobs that ended within
+    MinJobAge), else sacct through submitit, else 'UNKNOWN'; plus slurmstepd's line from the
+    task's log ('*** JOB 12 ON node CANCELLED AT ... DUE TO TIME LIMIT ***') when there is one."""
+    text = "UNKNOWN"
     try:
-        r = _run(["scontrol", "-o", "show", "job", job_id])
+        r: subprocess.CompletedProcess[str] | None = _run(["scontrol", "-o", "show", "job", job_id])
     except (OSError, subprocess.TimeoutExpired):
         r = None
     if r is not None and r.returncode == 0 and r.stdout.strip():
         fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
         text = fields.get("JobState", "UNKNOWN")
         if fields.get("Reason") not in (None, "None"):
-            text += f" ({fields['Reason']})"
+            text += f" reason {fields['Reason']}"
         if fields.get("ExitCode") not in (None, "0:0"):
-            code, _, sig = fields["ExitCode"].partition(":")
-            text += f", exit code {code}" + (f", signal {sig}" if sig not in ("", "0") else "")
-        return text
-    import submitit
+            text += f" ExitCode {fields['ExitCode']}"
+    else:
+        import submitit
 
+        try:
+            text = str(submitit.SlurmJob(folder=folder, job_id=job_id).state)
+        except Exception:  # submitit's watcher: sacct missing or accounting disabled
+            pass
     try:
-        return str(submitit.SlurmJob(folder=folder, job_id=job_id).state)
-    except Exception:  # submitit's watcher: sacct missing or accounting disabled
-        return "UNKNOWN"
+        lines = task_log(folder, job_id).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    stepd = [ln.split("***")[1].strip() for ln in lines if ln.count("***") >= 2 and "JOB" in ln]
+    return text + (f": {stepd[-1]}" if stepd else "")
 
 
 def task_log(folder: Path, job_id: str) -> Path:
@@ -365,7 +373,8 @@ class SlurmSweep:
         state.setdefault("arrays", []).append({"id": array_id, "tasks": len(jobs), "at": env.now(), "why": why})
         for combo, job in zip(combos, jobs):
             rec = state["combos"].setdefault(combo.key, {"label": combo.label(), "attempts": []})
-            rec["attempts"].append({"job_id": job.job_id, "submitted": env.now(), "state": "SUBMITTED"})
+            rec["attempts"].append({"job_id": job.job_id, "submitted": env.now(), "state": "SUBMITTED",
+                                    "retry": why == "retry"})
         save_state(self.dir, state)
         return array_id
 
@@ -446,6 +455,7 @@ class SlurmSweep:
         q = queued({a["job_id"] for a in last.values()})
         ended: dict[str, tuple[Entry | None, Failure | None, str]] = {}
         retry: list[Combo] = []
+        dead: list[str] = []
         for key, attempt in last.items():
             jid = attempt["job_id"]
             if jid in q:
@@ -461,25 +471,40 @@ class SlurmSweep:
                 attempt["outcome"] = merged["outcome"]
                 ended[key] = self._outcome(key, merged)
                 continue
-            reason = final_state(jid, self.logs)
             attempt["state"] = "DIED"
-            attempt["reason"] = reason
-            log = task_log(self.logs, jid)
-            if reason.startswith("CANCELLED") and "signal" not in reason:
-                ended[key] = (None, None, f"[yellow]cancelled[/] ({reason}); rerun the sweep to resume")
-            elif len(state["combos"][key]["attempts"]) < MAX_ATTEMPTS:
-                self.console.print(f"[yellow]{state['combos'][key]['label']}: task {jid} ended without a result "
-                                   f"({reason}; log: {log}); retrying once")
-                retry.append(self.by_key[key])
-            else:
-                failure = self._record_failure(key, f"Slurm task {jid} ended without a result twice: {reason} "
-                                                    f"(log: {log})")
-                ended[key] = (None, failure, f"[red]FAILED[/] {failure.reason}")
+            attempt["reason"] = final_state(jid, self.logs)
+            dead.append(key)
+        # scancel of a whole array (every task of it still unfinished ended CANCELLED at once) is the
+        # user's: no retry. One task killed, preempted, out of time or on a lost node: retried once.
+        by_array: dict[str, list[str]] = {}
+        for key in dead:
+            by_array.setdefault(last[key]["job_id"].split("_")[0], []).append(key)
+        for array_id, keys_ in by_array.items():
+            others = [a for k, a in last.items() if a["job_id"].split("_")[0] == array_id and k not in keys_
+                      and a["state"] not in ("DONE",)]
+            whole = len(keys_) > 1 and not others and all(last[k]["reason"].startswith("CANCELLED") for k in keys_)
+            for key in keys_:
+                self._died(key, last[key], whole, state, ended, retry)
         if retry:
             bundle, _ = self._bundle()
             array_id = self._submit(retry, bundle, state, "retry")
             self.console.print(f"resubmitted {len(retry)} task(s) as job {array_id}")
         return ended
+
+    def _died(self, key: str, attempt: dict[str, Any], whole_array_cancelled: bool, state: dict[str, Any],
+              ended: dict[str, tuple[Entry | None, Failure | None, str]], retry: list[Combo]) -> None:
+        jid, reason = attempt["job_id"], attempt["reason"]
+        log = task_log(self.logs, jid)
+        if whole_array_cancelled:
+            ended[key] = (None, None, f"[yellow]cancelled[/] ({escape(reason)}); rerun the sweep to resume")
+        elif not attempt.get("retry"):
+            self.console.print(f"[yellow]{state['combos'][key]['label']}: task {jid} ended without a result "
+                               f"({escape(reason)}; log: {log}); retrying once")
+            retry.append(self.by_key[key])
+        else:
+            failure = self._record_failure(key, f"Slurm task {jid} ended without a result twice: {reason} "
+                                                f"(log: {log})")
+            ended[key] = (None, failure, f"[red]FAILED[/] {escape(failure.reason)}")
 
     def _outcome(self, key: str, merged: dict[str, Any]) -> tuple[Entry | None, Failure | None, str]:
         bundle = load_bundle(self.bundle_path) if self.bundle_path.exists() else None
@@ -489,11 +514,11 @@ class SlurmSweep:
         if kind == "error":
             f = Failure(kernel=self.by_key[key].kernel, dims=self.by_key[key].dims, dtype=self.by_key[key].dtype,
                         reason=merged.get("reason", "?"), at=env.now())
-            return None, f, f"[red]NOT MERGED[/] {merged.get('reason')}"
+            return None, f, f"[red]NOT MERGED[/] {escape(str(merged.get('reason')))}"
         if entry is not None:
             return entry, None, f"[green]ok[/] {describe_entry(entry)}" + (" (already in the bundle)"
                                                                            if kind == "kept" else "")
-        return None, failure, f"[red]FAILED[/] {failure.reason if failure else merged.get('reason', '?')}"
+        return None, failure, f"[red]FAILED[/] {escape(failure.reason if failure else merged.get('reason', '?'))}"
 
     def _record_failure(self, key: str, reason: str) -> Failure:
         combo = self.by_key[key]
@@ -564,7 +589,7 @@ def combo_statuses(slurm_dir: Path) -> list[ComboStatus]:
             rows.append(ComboStatus(key, rec["label"], "not merged", jid, n, "result written: `mamba-tune collect`"))
         else:
             reason = attempt.get("reason") or final_state(jid, slurm_dir / "logs")
-            kind = "cancelled" if reason.startswith("CANCELLED") and "signal" not in reason else "died"
+            kind = "cancelled" if reason.startswith("CANCELLED") else "died"
             rows.append(ComboStatus(key, rec["label"], kind, jid, n,
                                     f"{reason} (log: {task_log(slurm_dir / 'logs', jid)})"))
     return rows
