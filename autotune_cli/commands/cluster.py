@@ -48,8 +48,7 @@ def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_
 
 
 PathArg = Annotated[Path, typer.Argument(
-    metavar="BUNDLE", help="A bundle (OUT/<sku>/<spec>.json), its <spec>.slurm folder, or a folder of bundles.",
-    exists=True)]
+    metavar="BUNDLE", help="A bundle (OUT/<sku>/<spec>.json), its <spec>.slurm folder, or a folder of bundles.")]
 
 
 def status_command(path: PathArg) -> None:
