@@ -240,7 +240,7 @@ def queued(job_ids: set[str]) -> dict[str, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"squeue failed: {e}") from None
     if r.returncode != 0:
-        raise SlurmError(f"squeue failed: {r.stderr.strip()}")
+        raise SlurmError(f"squeue failed: {' '.join(r.stderr.split())}")
     found: dict[str, str] = {}
     for line in r.stdout.splitlines():
         jid, _, state = line.strip().partition("|")

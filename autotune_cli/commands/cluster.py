@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
-from autotune_cli.sweep import Sweep, SweepInputError
+from autotune_cli.commands.common import err, fail, out
+from autotune_cli.sweep import Sweep, SweepInputError, SweepResult
 
 
 def _parse_extra(items: list[str]) -> dict[str, str]:
@@ -25,9 +25,8 @@ def _parse_extra(items: list[str]) -> dict[str, str]:
 
 
 def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_per_task: int | None,
-              max_parallel: int, extra: list[str], wait: bool) -> None:
-    """`mamba-tune sweep --executor slurm`: submit, and by default wait."""
-    from autotune_cli.commands.sweep import _summary
+              max_parallel: int, extra: list[str], wait: bool) -> SweepResult | None:
+    """`mamba-tune sweep --executor slurm`: submit, and by default wait (None with --no-wait)."""
     from autotune_cli.slurm import SlurmError, SlurmOptions, SlurmSweep
 
     if sweep.opt.gpus is not None:
@@ -38,13 +37,7 @@ def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_
         result = SlurmSweep(sweep, options).run()
     except (SweepInputError, SlurmError) as e:
         fail(str(e))
-    if not wait:
-        return
-    _summary(result)
-    if result.failed:
-        err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
-                  f"{escape(str(result.bundle_path))}")
-        raise typer.Exit(EXIT_CHECK_FAILED)
+    return result if wait else None
 
 
 PathArg = Annotated[Path, typer.Argument(

@@ -150,8 +150,15 @@ def sweep_command(
     if executor == Executor.slurm:
         from autotune_cli.commands.cluster import run_slurm
 
-        run_slurm(sweep, partition=slurm_partition, account=slurm_account, gpus_per_task=slurm_gpus_per_task,
-                  max_parallel=max_parallel, extra=slurm_extra or [], wait=wait)
+        result = run_slurm(sweep, partition=slurm_partition, account=slurm_account,
+                           gpus_per_task=slurm_gpus_per_task, max_parallel=max_parallel, extra=slurm_extra or [],
+                           wait=wait)
+        if result is not None:  # None: --no-wait
+            _summary(result)
+            if result.failed:
+                err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
+                          f"{result.bundle_path}")
+                raise typer.Exit(EXIT_CHECK_FAILED)
         return
     _run(sweep)
 
