@@ -97,6 +97,10 @@ def test_cancel_half_way_then_resume(slurm, tmp_path):
     array_id = r.stdout.strip().splitlines()[-1]
     assert array_id.isdigit() and "submitted job array" in r.stderr
     assert len([j for j in queue(slurm) if j.startswith(f"{array_id}_")]) == 2
+    # The array's size and concurrency, and the time limit from the budget: 2 x 30 s (the spec's
+    # seconds_per_combo) + 600 s of set-up = 11 min.
+    script = (out / "cpu" / "tiny.slurm" / "logs" / f"{array_id}_submission.sh").read_text()
+    assert "#SBATCH --array=0-1%1" in script and "#SBATCH --time=11" in script, script
     wait_for("the first entry", lambda: len(entries(bundle)) >= 1)
     subprocess.run(["scancel", array_id], env=slurm.env, check=True)
     wait_for("the array to leave the queue", lambda: not any(j.startswith(f"{array_id}_") for j in queue(slurm)), 60)
@@ -177,3 +181,14 @@ def test_two_specs_into_one_folder_status_and_collect(slurm, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "merged 1 result" in r.stdout and "entry" in r.stdout
     assert len(load_bundle(out / "cpu" / "tiny2.json").entries) == 1
+
+
+def test_bad_slurm_options_are_one_line(tmp_path):
+    """No cluster needed: the options are checked before anything is submitted."""
+    sp = spec(tmp_path)
+    e = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for extra, word in ((["--slurm-extra", "qos"], "KEY=VALUE"), (["--gpus", "0"], "--slurm-gpus-per-task")):
+        r = subprocess.run(sweep_cmd(sp, tmp_path / "out", *extra), env=e, cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr  # the dry-run note + error
+        assert word in r.stderr.splitlines()[-1]
+        assert not (tmp_path / "out").exists()
