@@ -155,12 +155,16 @@ def merge_result(combo_dir: Path, log: str = "") -> dict[str, Any]:
         raise FileNotFoundError(f"{combo_dir / 'result.json'}: no result to merge")
     bundle_path = Path(task["bundle"])
     try:
-        gpu, versions = (GpuInfo.model_validate(result["gpu"]), Versions.model_validate(result["versions"])) \
-            if "gpu" in result else _task_environment(task)
         entry, failure, kprov = record_from_result(task, result, log or task.get("log", ""))
         spec = SpecRef.model_validate(task["spec"]) if task.get("spec") else None
         with FileLock(f"{bundle_path}.lock", timeout=MERGE_LOCK_TIMEOUT_S):
             bundle = load_bundle(bundle_path) if bundle_path.exists() else None
+            if "gpu" in result:  # what the task ran on
+                gpu, versions = GpuInfo.model_validate(result["gpu"]), Versions.model_validate(result["versions"])
+            elif bundle is not None:  # a failure the submitter records (the task died): the bundle's own
+                gpu, versions = bundle.provenance.gpu, bundle.provenance.versions
+            else:
+                gpu, versions = _task_environment(task)
             if bundle is not None:
                 old = bundle.provenance
                 if old.gpu.name != gpu.name or not _same_versions(old.versions, versions):
@@ -276,8 +280,12 @@ def final_state(job_id: str, folder: Path) -> str:
         lines = task_log(folder, job_id).read_text(errors="replace").splitlines()
     except OSError:
         lines = []
-    stepd = [ln.split("***")[1].strip() for ln in lines if ln.count("***") >= 2 and "JOB" in ln]
-    return text + (f": {stepd[-1]}" if stepd else "")
+    # slurmstepd's "*** JOB 12 ON node CANCELLED AT ... DUE TO TIME LIMIT ***", and submitit's
+    # "Caught signal SIGUSR2 on node: this job is timed-out." (the warning Slurm sends before the limit).
+    said = [ln.split("***")[1].strip() for ln in lines if ln.count("***") >= 2 and "JOB" in ln]
+    said += [ln.split(" - ", 1)[-1].strip() for ln in lines if "this job is timed-out" in ln
+             or "this job is preempted" in ln]
+    return text + (f": {'; '.join(said[-2:])}" if said else "")
 
 
 def task_log(folder: Path, job_id: str) -> Path:
@@ -329,6 +337,8 @@ class SlurmSweep:
         params: dict[str, Any] = {
             "job_name": f"mamba-tune-{self.sweep.bundle_name}",
             "time": time_limit_minutes(self._time_limit_s()),
+            # Slurm's warning (USR2) before the limit: submitit ends the task on it (recorded, retried once).
+            "signal_delay_s": int(max(10, min(90, self._time_limit_s() / 4))),
             "array_parallelism": self.opt.max_parallel,
             "ntasks_per_node": 1,
             "setup": [f"export PYTHONPATH={Path(__file__).resolve().parent.parent}${{PYTHONPATH:+:$PYTHONPATH}}"],
@@ -422,7 +432,7 @@ class SlurmSweep:
         results: list[ComboResult] = []
         t0 = time.monotonic()
         total = len(pending)
-        durations: list[float] = []
+        last_note = 0.0
         with self.console.status("") as status:
             while pending:
                 with FileLock(str(self.dir / f"{STATE_FILE}.lock"), timeout=60):
@@ -432,18 +442,19 @@ class SlurmSweep:
                 now = time.monotonic()
                 for key, (entry, failure, line) in ended.items():
                     combo = pending.pop(key)
-                    took = now - t0
-                    durations.append(took)
-                    head = f"[{total - len(pending)}/{total}] {combo.label()}"
-                    self.console.print(f"{head}: {line}; elapsed {_fmt_s(took)}")
+                    results_line = f"[{total - len(pending)}/{total}] {combo.label()}: {line}; elapsed " \
+                                   f"{_fmt_s(now - t0)}, ETA {_eta(now - t0, total - len(pending), len(pending))}"
+                    self.console.print(results_line)
                     if entry is not None or failure is not None:
-                        results.append(ComboResult(combo, entry, failure, took))
+                        results.append(ComboResult(combo, entry, failure, now - t0))
                 counts = _count(state, pending)
-                per = sum(durations) / len(durations) if durations else None
-                eta = _fmt_s(per * len(pending) / max(1, min(self.opt.max_parallel, len(pending)))) \
-                    if per is not None else "?"
-                status.update(f"[{total - len(pending)}/{total}] elapsed {_fmt_s(now - t0)} ETA {eta} | "
-                              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+                line = (f"[{total - len(pending)}/{total}] elapsed {_fmt_s(now - t0)} ETA "
+                        f"{_eta(now - t0, total - len(pending), len(pending))} | "
+                        + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+                status.update(line)
+                if pending and not self.console.is_terminal and now - last_note > 60:
+                    self.console.print(line)  # logs and pipes get the status line once a minute
+                    last_note = now
                 if pending:
                     time.sleep(self.opt.poll_s)
         return results
@@ -529,6 +540,13 @@ class SlurmSweep:
         os.replace(tmp, d / "result.json")
         merge_result(d)
         return failure
+
+
+def _eta(elapsed: float, finished: int, remaining: int) -> str:
+    """From the array's throughput so far; unknown before the first combo ends."""
+    if not remaining:
+        return "0m00s"
+    return _fmt_s(elapsed / finished * remaining) if finished else "?"
 
 
 def _count(state: dict[str, Any], pending: dict[str, Combo]) -> dict[str, int]:
