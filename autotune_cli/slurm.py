@@ -513,8 +513,7 @@ class SlurmSweep:
                                f"({escape(reason)}; log: {log}); retrying once")
             retry.append(self.by_key[key])
         else:
-            failure = self._record_failure(key, f"Slurm task {jid} ended without a result twice: {reason} "
-                                                f"(log: {log})")
+            failure = self._record_failure(key, f"Slurm task {jid} ended without a result twice: {reason}", log)
             ended[key] = (None, failure, f"[red]FAILED[/] {escape(failure.reason)}")
 
     def _outcome(self, key: str, merged: dict[str, Any]) -> tuple[Entry | None, Failure | None, str]:
@@ -531,14 +530,15 @@ class SlurmSweep:
                                                                            if kind == "kept" else "")
         return None, failure, f"[red]FAILED[/] {escape(failure.reason if failure else merged.get('reason', '?'))}"
 
-    def _record_failure(self, key: str, reason: str) -> Failure:
+    def _record_failure(self, key: str, reason: str, log: Path) -> Failure:
         combo = self.by_key[key]
-        failure = Failure(kernel=combo.kernel, dims=combo.dims, dtype=combo.dtype, reason=reason, at=env.now())
+        failure = Failure(kernel=combo.kernel, dims=combo.dims, dtype=combo.dtype, reason=f"{reason} (log: {log})",
+                          at=env.now())
         d = self.dir / "combos" / combo_dir_name(key)
         tmp = d / ".result.json.tmp"
         tmp.write_text(json.dumps({"error": reason}))
         os.replace(tmp, d / "result.json")
-        merge_result(d)
+        merge_result(d, str(log))
         return failure
 
 
