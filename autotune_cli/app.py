@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from autotune_cli.commands import bench, bundles, plan, review, sweep
+from autotune_cli.commands import bench, bundles, cluster, plan, review, sweep
 from autotune_cli.commands.common import Group
 
 app = typer.Typer(
@@ -49,7 +49,7 @@ def _root(
 ) -> None:
     pass
 
-for group in (plan, sweep, bundles, review, bench):
+for group in (plan, sweep, bundles, review, bench, cluster):
     group.register(app)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -96,6 +97,16 @@ DryOpt = Annotated[bool, typer.Option(
     help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
          "DIR/cpu/; for checking a spec end to end, never for real bundles.")]
 LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
+
+
+class Executor(str, enum.Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+ExecutorOpt = Annotated[Executor, typer.Option(
+    metavar="local|slurm",
+    help="local: workers on this machine's GPUs; slurm: one Slurm job array (see docs/cluster.md).")]
 TimeoutOpt = Annotated[float | None, typer.Option(metavar="SECONDS", help="Kill a combo's worker after this many seconds "
                                                        "(default: 2 x the search budget + 10 min).", min=1)]
 
@@ -167,6 +178,17 @@ def sweep_command(
     origin: Annotated[list[str] | None, typer.Option(metavar="TEXT", 
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
+    executor: ExecutorOpt = Executor.local,
+    slurm_partition: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the partition to submit to.")] = None,
+    slurm_account: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the account to charge.")] = None,
+    slurm_gpus_per_task: Annotated[int | None, typer.Option(
+        metavar="N", min=0, help="slurm: GPUs per array task (default 1; 0 with --cpu-dry-run).")] = None,
+    max_parallel: Annotated[int, typer.Option(
+        metavar="N", min=1, help="slurm: at most this many array tasks run at once (the array's %N).")] = 64,
+    slurm_extra: Annotated[list[str] | None, typer.Option(
+        metavar="KEY=VALUE", help="slurm: an extra sbatch parameter KEY=VALUE, e.g. qos=high or cpus_per_task=16 (repeatable).")] = None,
+    wait: Annotated[bool, typer.Option(
+        help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
     if (spec_path is None) == (from_record is None):
@@ -207,6 +229,19 @@ def sweep_command(
                              timeout_s=timeout, partial=bool(kernel or origin or from_record)),
         console=err,
     )
+    if executor == Executor.slurm:
+        from autotune_cli.commands.cluster import run_slurm
+
+        result = run_slurm(sweep, partition=slurm_partition, account=slurm_account,
+                           gpus_per_task=slurm_gpus_per_task, max_parallel=max_parallel, extra=slurm_extra or [],
+                           wait=wait)
+        if result is not None:  # None: --no-wait
+            _summary(result)
+            if result.failed:
+                err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
+                          f"{escape(str(result.bundle_path))}")
+                raise typer.Exit(EXIT_CHECK_FAILED)
+        return
     _run(sweep)
 
 

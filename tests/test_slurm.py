@@ -1,0 +1,194 @@
+"""`sweep --executor slurm` against a real one-node Slurm started on this machine (no mock):
+a CPU dry-run sweep as a real job array, scancel half way then resume, a task killed and
+retried, two specs into one folder, status and collect. The daemons are started by the
+session fixture; where they cannot start the tests skip with the reason (CI sets
+MAMBA_TUNE_REQUIRE_SLURM=1, which turns that skip into a failure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_cluster import LocalSlurm, SlurmUnavailable
+
+from kernels.bundle import load_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "tests/data/tiny.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmUnavailable as e:
+        cluster.stop()
+        reason = f"no local Slurm: {e}"
+        print(reason, file=sys.stderr)
+        if os.environ.get("MAMBA_TUNE_REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    yield cluster
+    cluster.stop()
+
+
+def env(cluster: LocalSlurm) -> dict[str, str]:
+    e = cluster.env
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
+    return e
+
+
+def spec(tmp_path: Path, name: str = "tiny") -> Path:
+    """The tiny spec at TP 1: with --kernel gated_norm_fwd, two combos (seqlen 64 and 40)."""
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(SPEC.read_text().replace("tp: [1, 2]", "tp: [1]").replace("name: tiny\n", f"name: {name}\n"))
+    return p
+
+
+def sweep_cmd(spec_path: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotune_cli", "sweep", str(spec_path), "-o", str(out), "--cpu-dry-run",
+            "--kernel", "gated_norm_fwd", "--executor", "slurm", *extra]
+
+
+def cli(cluster: LocalSlurm, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune_cli", *args], env=env(cluster), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def queue(cluster: LocalSlurm) -> dict[str, str]:
+    r = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T"], env=cluster.env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return dict(line.split("|") for line in r.stdout.split())
+
+
+def wait_for(what: str, cond, timeout: float = 500, proc: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"sweep exited ({proc.returncode}) before {what}: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def entries(path: Path) -> dict:
+    return load_bundle(path).entries if path.exists() else {}
+
+
+def state(out: Path, name: str = "tiny") -> dict:
+    return json.loads((out / "cpu" / f"{name}.slurm" / "state.json").read_text())
+
+
+def test_cancel_half_way_then_resume(slurm, tmp_path):
+    out, sp = tmp_path / "out", spec(tmp_path)
+    bundle = out / "cpu" / "tiny.json"
+    r = cli(slurm, *sweep_cmd(sp, out, "--no-wait", "--max-parallel", "1")[3:])
+    assert r.returncode == 0, r.stderr
+    array_id = r.stdout.strip().splitlines()[-1]
+    assert array_id.isdigit() and "submitted job array" in r.stderr
+    assert len([j for j in queue(slurm) if j.startswith(f"{array_id}_")]) == 2
+    # The array's size and concurrency, and the time limit from the budget: 2 x 30 s (the spec's
+    # seconds_per_combo) + 600 s of set-up = 11 min.
+    script = (out / "cpu" / "tiny.slurm" / "logs" / f"{array_id}_submission.sh").read_text()
+    assert "#SBATCH --array=0-1%1" in script and "#SBATCH --time=11" in script, script
+    wait_for("the first entry", lambda: len(entries(bundle)) >= 1)
+    subprocess.run(["scancel", array_id], env=slurm.env, check=True)
+    wait_for("the array to leave the queue", lambda: not any(j.startswith(f"{array_id}_") for j in queue(slurm)), 60)
+    first = load_bundle(bundle)  # never torn
+    assert len(first.entries) == 1, "the second task should not have finished within a second"
+    (done_key, done_entry), = first.entries.items()
+
+    st = cli(slurm, "status", str(out))
+    assert st.returncode == 0, st.stderr
+    assert "1 cancelled" in st.stdout and "1 done" in st.stdout, st.stdout
+
+    r = cli(slurm, *sweep_cmd(sp, out)[3:])
+    assert r.returncode == 0, r.stderr
+    assert "1 already in" in r.stderr and "1 to submit" in r.stderr
+    final = load_bundle(bundle)
+    assert len(final.entries) == 2 and not final.failures
+    assert final.entries[done_key].tuned_at == done_entry.tuned_at  # not tuned twice
+    attempts = {k: len(v["attempts"]) for k, v in state(out)["combos"].items()}
+    assert attempts[done_key] == 1 and sorted(attempts.values()) == [1, 2]
+
+    # Re-running the same sweep submits nothing.
+    r = cli(slurm, *sweep_cmd(sp, out, "--no-wait")[3:])
+    assert r.returncode == 0 and "0 to submit" in r.stderr, r.stderr
+
+
+def test_killed_task_is_recorded_and_retried(slurm, tmp_path):
+    out, sp = tmp_path / "out", spec(tmp_path)
+    proc = subprocess.Popen(sweep_cmd(sp, out, "--max-parallel", "1"), env=env(slurm), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        state_file = out / "cpu" / "tiny.slurm" / "state.json"
+        wait_for("the submission", state_file.exists, proc=proc)
+        first_job = {a["attempts"][0]["job_id"] for a in state(out)["combos"].values()}
+        running: list[str] = []
+
+        def one_running() -> bool:
+            running[:] = [j for j, s in queue(slurm).items() if j in first_job and s == "RUNNING"]
+            return bool(running)
+
+        wait_for("a running task", one_running, proc=proc)
+        subprocess.run(["scancel", "--signal=KILL", running[0]], env=slurm.env, check=True)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "retrying once" in stderr and running[0] in stderr
+    bundle = load_bundle(out / "cpu" / "tiny.json")
+    assert len(bundle.entries) == 2 and not bundle.failures
+    killed = next(v for v in state(out)["combos"].values() if v["attempts"][0]["job_id"] == running[0])
+    assert [a["state"] for a in killed["attempts"]] == ["DIED", "DONE"]
+    assert killed["attempts"][0]["reason"].startswith("CANCELLED") and killed["attempts"][1]["retry"]
+
+
+def test_two_specs_into_one_folder_status_and_collect(slurm, tmp_path):
+    out = tmp_path / "out"
+    a, b = spec(tmp_path, "tiny"), spec(tmp_path, "tiny2")
+    procs = [subprocess.Popen(sweep_cmd(s, out, "--origin", "seqlen=64"), env=env(slurm), cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for s in (a, b)]
+    for p in procs:
+        _, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr
+    for name in ("tiny", "tiny2"):
+        bundle = load_bundle(out / "cpu" / f"{name}.json")
+        assert len(bundle.entries) == 1 and bundle.provenance.spec.name == name
+        assert list((out / "cpu" / f"{name}.slurm" / "logs").glob("*_log.out"))
+    st = cli(slurm, "status", str(out))
+    assert st.returncode == 0, st.stderr
+    assert st.stdout.count("1 done") == 2, st.stdout
+
+    # A task killed between writing its result and merging it: collect merges the result.
+    combo_dir, = (out / "cpu" / "tiny2.slurm" / "combos").iterdir()
+    (combo_dir / "merged.json").unlink()
+    (out / "cpu" / "tiny2.json").unlink()
+    st = cli(slurm, "status", str(out / "cpu" / "tiny2.json"))
+    assert "not merged" in st.stdout, st.stdout
+    r = cli(slurm, "collect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "merged 1 result" in r.stdout and "entry" in r.stdout
+    assert len(load_bundle(out / "cpu" / "tiny2.json").entries) == 1
+
+
+def test_bad_slurm_options_are_one_line(tmp_path):
+    """No cluster needed: the options are checked before anything is submitted."""
+    sp = spec(tmp_path)
+    e = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for extra, word in ((["--slurm-extra", "qos"], "KEY=VALUE"), (["--gpus", "0"], "--slurm-gpus-per-task")):
+        r = subprocess.run(sweep_cmd(sp, tmp_path / "out", *extra), env=e, cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr  # the dry-run note + error
+        assert word in r.stderr.splitlines()[-1]
+        assert not (tmp_path / "out").exists()
