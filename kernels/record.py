@@ -117,7 +117,7 @@ class Recorder:
             if k not in self._calls:
                 res = runtime.resolution_of(k) or runtime.resolve(rk, args)
                 dims = rk.dims_from_args(args)
-                self._calls[k] = _Call(key=res.key, kernel=rk.name, dims=dims, dtype=runtime.dtype_of(args),
+                self._calls[k] = _Call(key=res.key, kernel=rk.name, dims=dims, dtype=runtime.dtype_of(args, rk),
                                        served=served_text(res.source), device=_device_name(args))
             self._counts.setdefault(k, [0])[0] += 1
 

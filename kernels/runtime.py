@@ -91,6 +91,10 @@ class RuntimeKernel:
     # Helion's default. (Helion's default for the norm backward at a 2048-wide group puts
     # 16 whole rows in one program's registers; Triton spent minutes compiling it.)
     default_config: Callable[[dict[str, int]], dict[str, Any]] | None = None
+    # The argument whose dtype names the bundle key's dtype (None: the first tensor). A
+    # kernel whose first tensor is an fp32 buffer names the model's input dtype instead,
+    # as its tuning records do (the key of a bf16 model's call says bf16).
+    dtype_arg: int | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.size_dims) - set(self.dims)
@@ -340,7 +344,9 @@ def _compute_capability(args: Sequence[Any]) -> str | None:
     return None
 
 
-def _dtype_of(args: Sequence[Any]) -> str:
+def _dtype_of(args: Sequence[Any], index: int | None = None) -> str:
+    if index is not None and isinstance(args[index], torch.Tensor):
+        return vocab.dtype_name(args[index].dtype)
     for a in args:
         if isinstance(a, torch.Tensor):
             return vocab.dtype_name(a.dtype)
@@ -350,7 +356,7 @@ def _dtype_of(args: Sequence[Any]) -> str:
 def resolve(rk: RuntimeKernel, args: Sequence[Any]) -> Resolution:
     """Which config a call with these arguments runs (no compilation)."""
     dims = rk.dims_from_args(args)
-    dtype = _dtype_of(args)
+    dtype = _dtype_of(args, rk.dtype_arg)
     return _RT.store(_compute_capability(args)).resolve(rk, dims, dtype, _RT.effective_mode())
 
 
@@ -400,13 +406,13 @@ def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
         res = resolve(rk, args)
         dims = rk.dims_from_args(args)
         if res.config is None:
-            cmd = tune_command(rk, dims, _dtype_of(args))
+            cmd = tune_command(rk, dims, _dtype_of(args, rk.dtype_arg))
             _RT.warn_once(
                 f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. Tune it with: {cmd}"
             )
         log.info("%s: %s", res.key, res.source)
         bound = rk.kernel.bind(tuple(args))
-        fn, res = _compile(rk, bound, res, dims, _dtype_of(args))
+        fn, res = _compile(rk, bound, res, dims, _dtype_of(args, rk.dtype_arg))
         _RT.resolutions[(rk.name, sig)] = res
     _RT.compiled[(rk.name, sig)] = fn
     return fn
@@ -469,9 +475,9 @@ def resolution_of(k: tuple[Any, ...]) -> Resolution | None:
     return _RT.resolutions.get(k)
 
 
-def dtype_of(args: Sequence[Any]) -> str:
-    """The dtype name of a call (its first tensor's), as in entry keys."""
-    return _dtype_of(args)
+def dtype_of(args: Sequence[Any], rk: RuntimeKernel | None = None) -> str:
+    """The dtype name of a call, as in entry keys (the kernel's `dtype_arg`, else the first tensor's)."""
+    return _dtype_of(args, None if rk is None else rk.dtype_arg)
 
 
 def run(rk: RuntimeKernel, args: Sequence[Any]) -> Any:

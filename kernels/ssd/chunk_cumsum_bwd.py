@@ -130,4 +130,5 @@ SSD_CHUNK_CUMSUM_BWD = runtime.RuntimeKernel(
     size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
+    dtype_arg=2,  # dt: the model's dtype (the first tensors are fp32 buffers)
 )

@@ -213,4 +213,5 @@ SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = runtime.RuntimeKernel(
     size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
+    dtype_arg=3,  # dy: the model's dtype (the first tensors are fp32 buffers)
 )
