@@ -21,7 +21,7 @@ def run(*args: str):
 
 
 def test_plan_table_and_json():
-    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--json")
+    r = run("plan", str(ROOT / "sweeps/planned/nemotron-nano.yaml"), "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     keys = [c["key"] for c in data["combos"]]
@@ -31,7 +31,7 @@ def test_plan_table_and_json():
     assert len(norm) == 8
     assert {c["dims"]["d"] for c in norm} == {4096, 2048} and {c["dims"]["rows"] for c in norm} == {16384, 8192}
     assert data["estimate_seconds_total"] == pytest.approx(data["estimate_seconds_per_combo"] * len(keys))
-    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--gpus", "2")
+    r = run("plan", str(ROOT / "sweeps/planned/nemotron-nano.yaml"), "--gpus", "2")
     assert r.exit_code == 0 and "estimate" in r.stdout
 
 
