@@ -23,7 +23,8 @@ VERSIONS = Versions(helion="1.5.0", torch="2.11.0", triton="3.6.0", cuda="13.0",
 
 
 # How many block sizes each kernel's config has (what Helion's config check expects).
-BLOCK_SIZES = {"gated_norm_fwd": 2, "gated_norm_bwd": 3}
+# Block sizes each kernel takes (its config space); chunk_scan: rows, headdim, columns, dstate.
+BLOCK_SIZES = {"gated_norm_fwd": 2, "gated_norm_bwd": 3, "ssd_chunk_scan": 4}
 
 
 def norm_dims(rows: int = 16384, d: int = 4096, group_size: int = 512, **flags: int) -> dict[str, int]:
@@ -38,7 +39,7 @@ def entry(kernel: str = "gated_norm_fwd", dims: dict[str, int] | None = None, dt
           baseline_ms: float | None = 0.3) -> Entry:
     return Entry(
         kernel=kernel, dims=dims or norm_dims(), dtype=dtype,  # type: ignore[arg-type]
-        config=config or {"block_sizes": [8, 1, 1][:BLOCK_SIZES[kernel]], "num_warps": 4, "num_stages": 1},
+        config=config or {"block_sizes": [8, 1, 1, 16][:BLOCK_SIZES[kernel]], "num_warps": 4, "num_stages": 1},
         timing=Timing(tuned_ms=tuned_ms, default_ms=default_ms, baseline_ms=baseline_ms,
                       baseline=None if baseline_ms is None else "mamba-ssm 2.3.2.post1"),
         speedup=Speedup(vs_default=default_ms / tuned_ms,

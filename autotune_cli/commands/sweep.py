@@ -158,12 +158,12 @@ def sweep_command(
     spec_path: Annotated[Path | None, typer.Argument(
         metavar="SPEC", help="Sweep spec (YAML); or give --from-record.", exists=True, dir_okay=False)] = None,
     from_record: Annotated[Path | None, typer.Option(
-        help="Tune the kernel keys of a call record (kernels.record_calls / MAMBA_TUNE_RECORD) that had no exact "
+        metavar="FILE", help="Tune the kernel keys of a call record (kernels.record_calls / MAMBA_TUNE_RECORD) that had no exact "
              "entry (all of them with --force) instead of a spec's.", dir_okay=False)] = None,
     gpu: Annotated[str | None, typer.Option(
-        help="With --from-record: target GPU SKU (default: the GPU the record's calls ran on).")] = None,
+        metavar="SKU", help="With --from-record: target GPU SKU (default: the GPU the record's calls ran on).")] = None,
     name: Annotated[str | None, typer.Option(
-        help="With --from-record: bundle name, OUT/<gpu sku>/<name>.json (default: the record file's stem).")] = None,
+        metavar="NAME", help="With --from-record: bundle name, DIR/SKU/NAME.json (default: the record file's stem).")] = None,
     out_dir: OutOpt = DEFAULT_OUT,
     force: ForceOpt = False,
     gpus: GpusOpt = None,
