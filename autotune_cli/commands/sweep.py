@@ -18,7 +18,7 @@ from autotune_cli.commands.common import (
 )
 from autotune_cli.plan import Combo, plan
 from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
-from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
+from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult, SweepTerminated
 from autotune_cli.tuning import all_kernels
 from kernels.bundle import SpecRef
 
@@ -60,6 +60,10 @@ def _run(sweep: Sweep) -> None:
         result = sweep.run()
     except SweepInputError as e:
         fail(str(e))
+    except SweepTerminated as e:
+        if not e.reported:
+            err.print(f"[yellow]terminated by {e.name}")
+        raise typer.Exit(e.exit_code) from None
     _summary(result)
     if result.failed:
         err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
