@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from autotune_cli.kernel_keys import ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
-from autotune_cli.tuning import ModelShape, all_kernels
 from kernels.bundle import entry_key
 
 # Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
@@ -33,7 +33,7 @@ class Combo:
 
 
 def plan(spec: Spec) -> list[Combo]:
-    kernels = all_kernels()
+    kernels = all_keys()
     found: dict[str, Combo] = {}
     for m in spec.models:
         for batch, seqlen, packed in itertools.product(m.batch, m.seqlen, spec.packed_sequences):

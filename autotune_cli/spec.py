@@ -257,7 +257,7 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:
-    from autotune_cli.tuning import all_kernels
+    from autotune_cli.kernel_keys import all_keys
 
     target = model.target
     sku = GPU_SKUS[target.gpu]
@@ -311,7 +311,7 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
                 batch=list(m.batch or model.batch), seqlen=list(m.seqlen or model.seqlen),
             ))
 
-    known = all_kernels()
+    known = all_keys()
     if model.kernels == "all":
         kernels = list(known)
     else:

@@ -9,14 +9,14 @@ import typer
 from rich.table import Table
 
 from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.kernel_keys import all_keys
 from autotune_cli.spec import SpecError, load_spec
-from autotune_cli.tuning import all_kernels
 from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
 
 
 def check_bundle_kernels(bundle: Bundle, source: str) -> None:
     """Entries must name known kernels with exactly their key dims."""
-    kernels = all_kernels()
+    kernels = all_keys()
     for key, entry in bundle.entries.items():
         tk = kernels.get(entry.kernel)
         if tk is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,11 +16,13 @@ from autotune_cli.commands.common import (
     fail,
     out,
 )
+from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import Combo, plan
 from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
-from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult, SweepTerminated
-from autotune_cli.tuning import all_kernels
 from kernels.bundle import SpecRef
+
+if TYPE_CHECKING:
+    from autotune_cli.sweep import Sweep, SweepResult
 
 DEFAULT_OUT = Path("generated_configs")
 
@@ -56,6 +58,8 @@ def _summary(result: SweepResult) -> None:
 
 
 def _run(sweep: Sweep) -> None:
+    from autotune_cli.sweep import SweepInputError, SweepTerminated
+
     try:
         result = sweep.run()
     except SweepInputError as e:
@@ -102,6 +106,8 @@ def sweep_command(
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
 ) -> None:
     """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
+    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+
     try:
         spec = load_spec(spec_path)
     except SpecError as e:
@@ -134,7 +140,7 @@ def sweep_command(
 
 
 def _parse_dims(text: str, kernel: str) -> dict[str, int]:
-    tk = all_kernels()[kernel]
+    tk = all_keys()[kernel]
     dims: dict[str, int] = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -172,8 +178,9 @@ def tune_command(
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
     from autotune_cli.presets import GPU_SKUS
+    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
 
-    known = all_kernels()
+    known = all_keys()
     if kernel not in known:
         fail(f"unknown kernel {kernel!r}; known: {', '.join(known)}")
     if gpu not in GPU_SKUS:

@@ -5,7 +5,7 @@ entry with its key and that bundle
 
 - was tuned on the spec's target SKU and arch (provenance.gpu),
 - records, for the entry's kernel, the source hash of the kernel as it is in this
-  checkout (provenance.kernels[kernel].source_sha256 == TunableKernel.source_sha256()),
+  checkout (provenance.kernels[kernel].source_sha256 == KernelKey.source_sha256()),
 - was tuned with the expected helion, torch and triton versions.
 
 The version rule (CI runs this on a CPU box, which cannot see the GPU machine's stack):
@@ -32,10 +32,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
-from autotune_cli.tuning import all_kernels
 from kernels.bundle import Bundle, find_bundles, load_bundle
 
 PACKAGES = ("helion", "torch", "triton")
@@ -125,7 +125,7 @@ def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None =
     paths = find_bundles([folder]) if folder.is_dir() else []
     bundles = {p.as_posix(): load_bundle(p) for p in paths}
     expected = expected_versions(bundles, given or {})
-    hashes = {name: tk.source_sha256() for name, tk in all_kernels().items()}
+    hashes = {name: key.source_sha256() for name, key in all_keys().items()}
     problems = {path: _bundle_problems(b, sku, expected) for path, b in bundles.items()}
 
     combos: list[ComboStatus] = []
