@@ -34,17 +34,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, ModelDims
+from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, SEARCH_ALGORITHMS, ModelDims
 from kernels.vocab import DtypeName
 
-SEARCH_ALGORITHMS = (
-    "LFBOTreeSearch",
-    "LFBOPatternSearch",
-    "PatternSearch",
-    "DifferentialEvolutionSearch",
-    "DESurrogateHybrid",
-    "RandomSearch",
-)
 Effort = Literal["none", "quick", "full"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]
 

@@ -72,3 +72,12 @@ def test_the_probe_sees_a_command_that_imports_torch(clean_env: dict[str, str], 
     assert report.pop("import") == []
     (_code, heavy, output), = report.values()
     assert "helion" in heavy and "torch" in heavy, output
+
+
+def test_importing_the_app_loads_no_pydantic_or_yaml(clean_env: dict[str, str]) -> None:
+    # What `mamba-tune --help` pays for: typer and rich, not the spec and bundle parsers.
+    code = "import autotune_cli.app, sys; print(sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[]"

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
 from autotune_cli.kernel_keys import all_keys
-from autotune_cli.spec import SpecError, load_spec
-from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
+
+if TYPE_CHECKING:
+    from kernels.bundle import Bundle
 
 
 def check_bundle_kernels(bundle: Bundle, source: str) -> None:
     """Entries must name known kernels with exactly their key dims."""
+    from kernels.bundle import BundleError
+
     kernels = all_keys()
     for key, entry in bundle.entries.items():
         tk = kernels.get(entry.kernel)
@@ -43,6 +46,9 @@ def validate_command(
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
 ) -> None:
     """Validate sweep specs and config bundles; exit 2 on the first invalid file."""
+    from autotune_cli.spec import SpecError, load_spec
+    from kernels.bundle import BundleError, load_bundle
+
     files = _files(paths)
     if not files:
         fail("no .yaml or .json files under " + ", ".join(map(str, paths)))
@@ -80,6 +86,8 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
 ) -> None:
     """Show a bundle's provenance and entries as a table."""
+    from kernels.bundle import BundleError, dumps_bundle, load_bundle
+
     try:
         bundle = load_bundle(bundle_path)
     except BundleError as e:

@@ -17,9 +17,7 @@ from autotune_cli.commands.common import (
     out,
 )
 from autotune_cli.kernel_keys import all_keys
-from autotune_cli.plan import Combo, plan
-from autotune_cli.spec import DEFAULT_TOLERANCES, SEARCH_ALGORITHMS, Budget, SpecError, load_spec
-from kernels.bundle import SpecRef
+from autotune_cli.presets import SEARCH_ALGORITHMS
 
 if TYPE_CHECKING:
     from autotune_cli.sweep import Sweep, SweepResult
@@ -106,7 +104,10 @@ def sweep_command(
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
 ) -> None:
     """Tune every combo of SPEC on this machine's GPUs and write the bundle (resumable)."""
+    from autotune_cli.plan import plan
+    from autotune_cli.spec import SpecError, load_spec
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from kernels.bundle import SpecRef
 
     try:
         spec = load_spec(spec_path)
@@ -177,7 +178,9 @@ def tune_command(
     timeout: TimeoutOpt = None,
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
+    from autotune_cli.plan import Combo
     from autotune_cli.presets import GPU_SKUS
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
 
     known = all_keys()
