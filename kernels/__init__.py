@@ -39,7 +39,13 @@ __all__ = [
 ]
 
 
+# Submodules that `import kernels` used to load, still reachable as attributes.
+_SUBMODULES = ("bundle", "norm", "runtime", "ssd", "vocab")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kernels.{name}")
     if name not in _WHERE:
         raise AttributeError(f"module 'kernels' has no attribute {name!r}")
     value = getattr(importlib.import_module(_WHERE[name]), name)
