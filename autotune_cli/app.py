@@ -8,10 +8,12 @@ coverage); 2 bad input (spec, bundle, arguments, environment) with nothing writt
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
 from autotune_cli.commands import bench, bundles, plan, review, sweep
+from autotune_cli.commands.common import Group
 
 app = typer.Typer(
     name="mamba-tune",
@@ -19,7 +21,34 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
+
+
+def version() -> str:
+    """The installed package's version (importlib.metadata); the source's when run uninstalled."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("mamba-tune")
+    except importlib.metadata.PackageNotFoundError:
+        from autotune_cli import __version__
+
+        return f"{__version__} (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mamba-tune {version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
+                                               callback=_print_version, is_eager=True)] = False,
+) -> None:
+    pass
 
 for group in (plan, sweep, bundles, review, bench):
     group.register(app)

@@ -29,6 +29,9 @@ class ModelShape:
     chunk_size: int
     # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
     packed: bool = False
+    # The gated norm's weight: fp32 (True), or in the inputs' dtype (a module built in
+    # bf16). Only the norm depends on it.
+    norm_weight_fp32: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +86,11 @@ SSD_SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "
 
 def _norm(shape: ModelShape) -> dict[str, int]:
     # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
-    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, fp32 weight.
+    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, the weight's dtype
+    # from `shape.norm_weight_fp32`.
     d = shape.nheads * shape.headdim
     return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
-            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": 1}
+            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": int(shape.norm_weight_fp32)}
 
 
 def _ssd(dims: tuple[str, ...]) -> Callable[[ModelShape], dict[str, int]]:
@@ -103,6 +107,11 @@ def _state_passing(shape: ModelShape) -> dict[str, int]:
     return dims
 
 
+def _chunk_state_passing_bwd(shape: ModelShape) -> dict[str, int]:
+    # has_dfinal: the training call returns no final states, so none come back with a gradient.
+    return {**pick(mixer_dims(shape), CHUNK_STATE_PASSING_BWD_DIMS[:-1]), "has_dfinal": 0}
+
+
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
     # fused_bmm: kernels.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
@@ -115,6 +124,11 @@ BMM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size")
 STATE_PASSING_DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_initial_states",
                       "has_seq_idx")
 CHUNK_SCAN_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
+# The backward's kernels.
+CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
+CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
+CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
+CHUNK_CUMSUM_BWD_DIMS = CHUNK_CUMSUM_DIMS
 
 KEYS: tuple[KernelKey, ...] = (
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "kernels.norm.gated:gated_norm_fwd_kernel"),
@@ -129,6 +143,16 @@ KEYS: tuple[KernelKey, ...] = (
               "kernels.ssd.chunk_state_passing:chunk_state_passing_kernel"),
     KernelKey("ssd_bmm", "ssd", BMM_DIMS, _ssd(BMM_DIMS), "kernels.ssd.bmm:bmm_chunk_kernel"),
     KernelKey("ssd_chunk_scan", "ssd", CHUNK_SCAN_DIMS, _chunk_scan, "kernels.ssd.chunk_scan:chunk_scan_kernel"),
+    KernelKey("ssd_chunk_state_passing_bwd", "ssd", CHUNK_STATE_PASSING_BWD_DIMS, _chunk_state_passing_bwd,
+              "kernels.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
+    KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
+              _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
+              "kernels.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),
+    KernelKey("ssd_chunk_state_scan_bwd_dbdc", "ssd", CHUNK_STATE_SCAN_BWD_DBDC_DIMS,
+              _ssd(CHUNK_STATE_SCAN_BWD_DBDC_DIMS),
+              "kernels.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
+    KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
+              "kernels.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
 )
 
 _BY_NAME = dict(sorted((k.name, k) for k in KEYS))

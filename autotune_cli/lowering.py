@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from autotune_cli.tuning import ModelShape, TunableKernel, all_kernels
-from kernels.bundle import Bundle
+from kernels.bundle import Bundle, Entry
 from kernels.vocab import torch_dtype
 
 
@@ -55,6 +57,84 @@ def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
         except Exception as e:  # any compiler error is a finding, reported per entry
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             problems.append((key, f"{type(e).__name__}: {first}"))
+    return problems
+
+
+@contextlib.contextmanager
+def compiled_mode(kernel: Any) -> Iterator[None]:
+    """The kernel in Helion's compiled mode for the block, whatever HELION_INTERPRET says
+    (binding builds the config space; in ref mode it is empty)."""
+    from helion.runtime.settings import RefMode
+
+    saved = kernel.settings.ref_mode
+    if saved == RefMode.OFF:
+        yield
+        return
+    kernel.settings.ref_mode = RefMode.OFF
+    kernel.reset()
+    try:
+        yield
+    finally:
+        kernel.settings.ref_mode = saved
+        kernel.reset()
+
+
+def meta_args(tk: TunableKernel, dims: dict[str, int], dtype: str) -> tuple[Any, ...]:
+    """The kernel's arguments at `dims` as meta tensors (shapes, strides and dtypes; no data).
+
+    The problem is built under a fake tensor mode, so a 16384 x 16384 input costs nothing;
+    binding reads only what a meta tensor keeps.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
+    return tuple(torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta")
+                 if isinstance(a, torch.Tensor) else a for a in problem.args)
+
+
+# (kernel, dims, dtype) -> the bound kernel's config space: one bind (about a second of
+# Helion's front end) per shape, however many configs a process checks there.
+_CONFIG_SPECS: dict[tuple[str, tuple[tuple[str, int], ...], str], Any] = {}
+
+
+def config_spec(tk: TunableKernel, dims: dict[str, int], dtype: str) -> Any:
+    """Helion's config space (ConfigSpec) for the kernel bound at `dims`, built on the CPU."""
+    key = (tk.name, tuple(sorted(dims.items())), dtype)
+    spec = _CONFIG_SPECS.get(key)
+    if spec is None:
+        with compiled_mode(tk.kernel):
+            spec = tk.kernel.bind(meta_args(tk, dims, dtype)).config_spec
+        _CONFIG_SPECS[key] = spec
+    return spec
+
+
+def config_problem(tk: TunableKernel, entry: Entry) -> str | None:
+    """Why Helion rejects the entry's config for its kernel at its dims (None: it accepts it).
+
+    The check Helion runs before compiling a config (`ConfigSpec.normalize`: known keys,
+    list lengths, allowed values) against the kernel bound at the entry's dims, on the CPU
+    without a GPU. Device-only keys are left out (see `cpu_loweable`)."""
+    import helion
+
+    config, _notes = cpu_loweable(entry.config)
+    try:
+        config_spec(tk, entry.dims, entry.dtype).normalize(helion.Config.from_dict(config))
+    except Exception as e:  # InvalidConfig mostly; any error here means the runtime cannot use it
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    return None
+
+
+def invalid_configs(bundle: Bundle) -> list[tuple[str, str]]:
+    """(key, why) for every entry whose config Helion rejects (or whose kernel is unknown)."""
+    kernels = all_kernels()
+    problems: list[tuple[str, str]] = []
+    for key, entry in bundle.entries.items():
+        tk = kernels.get(entry.kernel)
+        why = f"unknown kernel {entry.kernel!r}" if tk is None else config_problem(tk, entry)
+        if why is not None:
+            problems.append((key, why))
     return problems
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from autotune_cli.kernel_keys import ModelShape, all_keys
+from autotune_cli.kernel_keys import KernelKey, ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
 from kernels.bundle import entry_key
 
@@ -41,17 +41,36 @@ def plan(spec: Spec) -> list[Combo]:
                                ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size, packed=packed)
             origin = f"{m.name} tp={m.tp} batch={batch} seqlen={seqlen}" + (" packed" if packed else "")
             for name in spec.kernels:
-                dims = kernels[name].dims_for(shape)
-                if dims is None:
-                    continue
-                for dtype in spec.dtypes:
-                    key = entry_key(name, dims, dtype)
-                    if key in found:
-                        old = found[key]
-                        found[key] = dataclasses.replace(old, origins=(*old.origins, origin))
-                    else:
-                        found[key] = Combo(kernel=name, dims=dims, dtype=dtype, origins=(origin,))
+                for dims, dtypes, suffix in _weight_variants(spec, kernels[name], shape):
+                    for dtype in dtypes:
+                        key = entry_key(name, dims, dtype)
+                        if key in found:
+                            old = found[key]
+                            found[key] = dataclasses.replace(old, origins=(*old.origins, origin + suffix))
+                        else:
+                            found[key] = Combo(kernel=name, dims=dims, dtype=dtype, origins=(origin + suffix,))
     return list(found.values())
+
+
+def _weight_variants(spec: Spec, kernel: KernelKey,
+                     shape: ModelShape) -> list[tuple[dict[str, int], list[str], str]]:
+    """(dims, dtypes, origin suffix) of one kernel at one shape, per norm weight dtype.
+
+    An fp32 weight serves every dtype; a low-precision one only the dtype it is listed as
+    (the weight in the inputs' dtype). Kernels whose dims do not depend on the weight get
+    one variant.
+    """
+    base = kernel.dims_for(shape)
+    low_dims = kernel.dims_for(dataclasses.replace(shape, norm_weight_fp32=False))
+    if base == low_dims:  # the kernel does not depend on the weight
+        return [] if base is None else [(base, list(spec.dtypes), "")]
+    variants: list[tuple[dict[str, int], list[str], str]] = []
+    if base is not None and "fp32" in spec.norm_weight_dtypes:
+        variants.append((base, list(spec.dtypes), ""))
+    low = [d for d in spec.dtypes if d in spec.norm_weight_dtypes and d != "fp32"]
+    if low_dims is not None and low:
+        variants.append((low_dims, low, " norm_weight=" + "/".join(low)))
+    return variants
 
 
 def estimate_seconds_for(budget: Budget) -> float:

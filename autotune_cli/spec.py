@@ -14,6 +14,8 @@
     packed_sequences: [false, true]      # optional, default [false]: true also tunes the SSD
                                          #   kernels for calls with seq_idx (packed sequences)
     dtypes: [bf16]                       # bf16 | fp16 | fp32
+    norm_weight_dtypes: [fp32, bf16]     # optional, default [fp32]: the gated norm's weight dtypes;
+                                         #   fp32, or one of dtypes (a module built in that dtype)
     kernels: all                         # or a list of kernel names (mamba-tune plan lists them)
     budget:
       effort: quick                      # Helion effort: none | quick | full
@@ -23,11 +25,22 @@
       seed: 0                            # autotuner random seed
     tolerances:                          # per dtype; a config passes when, per output,
       bf16: {atol: 0.01, factor: 2.0}    #   err(kernel) <= factor * err(eager torch in dtype) + atol
+
+Names (the spec's `name`, and `tune --name`) become file names (OUT/<sku>/<name>.json,
+its lock and its log folder), so they must match SAFE_NAME: 1-100 characters from
+A-Z a-z 0-9 . _ -, starting with a letter or digit (no path separators, no `..`, no NUL).
+Dims the kernels cannot run are rejected here, not in a worker: chunk_size a power of two
+in 16..256, headdim and dstate at most 256, and no tensor of a combo over 2**31 - 1
+elements (the kernels index with int32). Input limits: a spec is at most 1 MiB of UTF-8,
+nested at most 32 levels, and expands to at most 10,000 YAML nodes once aliases are
+followed (anchors and aliases work; an alias bomb is refused, never expanded).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,6 +52,75 @@ from kernels.vocab import DtypeName
 
 Effort = Literal["none", "quick", "full"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+SAFE_NAME_TEXT = "1-100 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_DEPTH = 32
+MAX_SPEC_NODES = 10_000
+MAX_HEADDIM = 256
+MAX_DSTATE = 256
+MIN_CHUNK_SIZE, MAX_CHUNK_SIZE = 16, 256
+MAX_ELEMENTS = 2**31 - 1
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a bundle's file name, or None when it can."""
+    if SAFE_NAME.fullmatch(name) and ".." not in name:
+        return None
+    return f"{name!r} is not a safe file name ({SAFE_NAME_TEXT}, no '..')"
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and not n & (n - 1)
+
+
+def dims_problem(dims: dict[str, int]) -> str | None:
+    """Why the kernels cannot run a combo with these dims (named as in kernel keys and
+    specs), or None. Checks only the dims present, so it serves every kernel's key."""
+    for k, v in dims.items():
+        if k.startswith(("has_", "is_")) or k in ("norm_before_gate", "weight_fp32", "dt_softplus", "fused_bmm"):
+            if v not in (0, 1):
+                return f"{k}={v}: a flag is 0 or 1"
+        elif v < 1:
+            return f"{k}={v}: must be at least 1"
+    cs = dims.get("chunk_size")
+    if cs is not None and not (_is_pow2(cs) and MIN_CHUNK_SIZE <= cs <= MAX_CHUNK_SIZE):
+        return f"chunk_size={cs}: the kernels need a power of two in {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}"
+    for k, top in (("headdim", MAX_HEADDIM), ("dstate", MAX_DSTATE)):
+        if dims.get(k, 0) > top:
+            return f"{k}={dims[k]}: at most {top}"
+    for a, b in (("ngroups", "nheads"), ("group_size", "d")):
+        if a in dims and b in dims and dims[b] % dims[a]:
+            return f"{a}={dims[a]} does not divide {b}={dims[b]}"
+    big = largest_tensor(dims)
+    if big is not None and big[1] > MAX_ELEMENTS:
+        return f"{big[0]} has {big[1]:,} elements, over 2**31 - 1 (the kernels index with int32)"
+    return None
+
+
+def largest_tensor(dims: dict[str, int]) -> tuple[str, int] | None:
+    """The largest tensor a combo with these dims touches: (what it is, elements)."""
+    g = dims.get
+    sizes: list[tuple[str, int]] = []
+    if "rows" in dims and "d" in dims:
+        sizes.append(("x (rows, d)", dims["rows"] * dims["d"]))
+    b, sl, cs = g("batch"), g("seqlen"), g("chunk_size")
+    if b is not None and sl is not None:
+        h, p, ng, n = g("nheads"), g("headdim"), g("ngroups"), g("dstate")
+        if h is not None and p is not None:
+            sizes.append(("x (batch, seqlen, nheads, headdim)", b * sl * h * p))
+        if ng is not None and n is not None:
+            sizes.append(("B (batch, seqlen, ngroups, dstate)", b * sl * ng * n))
+        if cs is not None:
+            c = math.ceil(sl / cs)
+            if h is not None and p is not None and n is not None:
+                sizes.append(("states (batch, nchunks, nheads, headdim, dstate)", b * c * h * p * n))
+            if ng is not None:
+                sizes.append(("CB (batch, nchunks, ngroups, chunk_size, chunk_size)", b * c * ng * cs * cs))
+            if h is not None:
+                sizes.append(("dA_cumsum (batch, nheads, nchunks, chunk_size)", b * h * c * cs))
+    return max(sizes, key=lambda t: t[1]) if sizes else None
 
 
 class SpecError(ValueError):
@@ -69,6 +151,13 @@ class ExplicitDims(_Strict):
     chunk_size: PosInt
     d_model: PosInt | None = None
     d_inner: PosInt | None = Field(default=None, description="nheads * headdim; give it instead of nheads")
+
+    @field_validator("headdim", "dstate", "chunk_size")
+    @classmethod
+    def _runnable(cls, v: int, info: Any) -> int:
+        if why := dims_problem({info.field_name: v}):
+            raise ValueError(why)
+        return v
 
 
 class ModelEntry(_Strict):
@@ -109,6 +198,14 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 
 class SpecModel(_Strict):
     name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str | None) -> str | None:
+        if v is not None and (why := name_problem(v)):
+            raise ValueError(why)
+        return v
+
     description: str | None = None
     target: Target
     models: list[ModelEntry] = Field(min_length=1)
@@ -116,6 +213,7 @@ class SpecModel(_Strict):
     seqlen: list[PosInt] = Field(min_length=1)
     packed_sequences: list[Annotated[bool, Field(strict=True)]] = Field(default_factory=lambda: [False], min_length=1)
     dtypes: list[DtypeName] = Field(min_length=1)
+    norm_weight_dtypes: list[DtypeName] = Field(default_factory=lambda: ["fp32"], min_length=1)
     kernels: Literal["all"] | list[str] = "all"
     budget: Budget = Budget()
     tolerances: dict[DtypeName, Tolerance] = Field(default_factory=dict)
@@ -143,6 +241,9 @@ class Spec(_Strict):
     models: list[ResolvedModel]
     packed_sequences: list[bool] = [False]
     dtypes: list[DtypeName]
+    # The gated norm's weight dtypes: "fp32", or a dtype of `dtypes` (the weight in the
+    # inputs' dtype, weight_fp32=0 in the key: a module built in that dtype).
+    norm_weight_dtypes: list[DtypeName] = ["fp32"]
     kernels: list[str]
     budget: Budget
     tolerances: dict[str, Tolerance]
@@ -201,6 +302,12 @@ def _loc_text(loc: tuple[Any, ...]) -> str:
     return out or "<spec>"
 
 
+def _short(text: str, limit: int = 120) -> str:
+    """One line of at most `limit` characters (a bad input value can be huge)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _pydantic_message(err: dict[str, Any]) -> str:
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":
@@ -208,32 +315,74 @@ def _pydantic_message(err: dict[str, Any]) -> str:
     if kind == "missing":
         return "required key is missing"
     if kind == "literal_error":
-        return f"{msg} (got {err.get('input')!r})"
+        return f"{msg} (got {_short(repr(err.get('input')), 60)})"
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"{msg} (got {type(err.get('input')).__name__} {err.get('input')!r})"
-    return msg
+        return f"{msg} (got {type(err.get('input')).__name__} {_short(repr(err.get('input')), 60)})"
+    return _short(msg, 300)
 
 
 def load_spec(path: str | Path) -> Spec:
     """Read, validate and resolve a spec; raise SpecError with one line on any problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
-        raise SpecError(f"{p}: cannot read: {e.strerror}") from None
+        raise SpecError(f"{p}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise SpecError(f"{p!r}: cannot read: {e}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"{p}: over {MAX_SPEC_BYTES >> 20} MiB; a spec is a short YAML file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SpecError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
     return parse_spec(text, source=str(p), stem=p.stem)
 
 
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Refuse deep nesting and alias bombs before anything walks the tree: count nodes as
+    if every alias were expanded (an alias is the anchored node itself in PyYAML's graph)."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_SPEC_DEPTH:
+            raise SpecError(f"{source}:{node.start_mark.line + 1}: nested deeper than {MAX_SPEC_DEPTH} levels")
+        if count > MAX_SPEC_NODES:
+            raise SpecError(f"{source}: over {MAX_SPEC_NODES:,} YAML nodes once aliases are expanded "
+                            "(an alias bomb?); a spec is small")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.extend(((k, depth + 1), (v, depth + 1)))
+
+
 def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{source}: over {MAX_SPEC_BYTES >> 20} MiB; a spec is a short YAML file")
+    loader: _UniqueKeyLoader | None = None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        loader = _UniqueKeyLoader(text)  # a SafeLoader: no arbitrary objects
+        root = loader.get_single_node()
+        if root is not None:
+            _check_size(root, source)
+        data = loader.construct_document(root) if root is not None else None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
-        raise SpecError(f"{source}:{line}: invalid YAML: {e.problem or e.context}") from None
+        raise SpecError(f"{source}:{line}: invalid YAML: {_short(str(e.problem or e.context))}") from None
     except yaml.YAMLError as e:
-        raise SpecError(f"{source}: invalid YAML: {e}") from None
+        raise SpecError(f"{source}: invalid YAML: {_short(' '.join(str(e).split()))}") from None
+    except RecursionError:
+        # PyYAML's composer recurses per nesting level: far too deep for a spec.
+        raise SpecError(f"{source}: nested deeper than {MAX_SPEC_DEPTH} levels") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise SpecError(f"{source}:1: a spec is a YAML mapping, got {type(data).__name__}")
 
@@ -297,11 +446,18 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         if len(set(m.tp)) != len(m.tp):
             raise fail((*loc, "tp"), f"duplicate tp degrees {m.tp}")
         for tp in m.tp:
-            resolved.append(ResolvedModel(
+            r = ResolvedModel(
                 name=name, tp=tp, nheads=dims.nheads // tp, headdim=dims.headdim, ngroups=dims.ngroups // tp,
                 dstate=dims.dstate, chunk_size=dims.chunk_size,
                 batch=list(m.batch or model.batch), seqlen=list(m.seqlen or model.seqlen),
-            ))
+            )
+            for b in r.batch:
+                for sl in r.seqlen:
+                    shape = {"batch": b, "seqlen": sl, "nheads": r.nheads, "headdim": r.headdim,
+                             "ngroups": r.ngroups, "dstate": r.dstate, "chunk_size": r.chunk_size}
+                    if why := dims_problem(shape):
+                        raise fail(loc, f"tp {tp} batch {b} seqlen {sl}: {why}")
+            resolved.append(r)
 
     known = all_keys()
     if model.kernels == "all":
@@ -320,7 +476,18 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         raise fail(("dtypes",), f"duplicate dtypes {model.dtypes}")
     if len(set(model.packed_sequences)) != len(model.packed_sequences):
         raise fail(("packed_sequences",), f"duplicate values {model.packed_sequences}")
+    for i, w in enumerate(model.norm_weight_dtypes):
+        if w in model.norm_weight_dtypes[:i]:
+            raise fail(("norm_weight_dtypes", i), f"{w} listed twice")
+        if w != "fp32" and w not in model.dtypes:
+            raise fail(("norm_weight_dtypes", i), f"{w} is neither fp32 nor one of dtypes {model.dtypes} "
+                       "(a low-precision norm weight has the inputs' dtype)")
+    for d in model.dtypes:
+        if "fp32" not in model.norm_weight_dtypes and d not in model.norm_weight_dtypes:
+            raise fail(("norm_weight_dtypes",), f"dtype {d} gets no norm weight dtype: list fp32 or {d}")
 
+    if model.name is None and (why := name_problem(stem)):
+        raise fail(("name",), f"no 'name' given and the file's stem {why}; add a 'name'")
     tolerances = {**DEFAULT_TOLERANCES, **model.tolerances}
     return Spec(
         name=model.name or stem,
@@ -330,6 +497,7 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
         models=resolved,
         packed_sequences=list(model.packed_sequences),
         dtypes=list(model.dtypes),
+        norm_weight_dtypes=list(model.norm_weight_dtypes),
         kernels=kernels,
         budget=model.budget,
         tolerances=tolerances,

@@ -27,7 +27,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
+from rich.text import Text
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
@@ -238,22 +240,28 @@ class Sweep:
         if not _same_versions(bundle.provenance.versions, versions):
             # Only with --force on the whole spec (`_resumable` refuses the rest).
             for key in sorted(set(bundle.entries) - planned):
-                self.console.print(f"[yellow]dropping {key}: tuned with other versions and not in this spec")
+                self.console.print(f"[yellow]dropping {escape(key)}: tuned with other versions and not in this spec")
             bundle = bundle.model_copy(update={
                 "entries": {k: v for k, v in bundle.entries.items() if k in planned},
                 "failures": {k: v for k, v in bundle.failures.items() if k in planned},
             })
         stale: set[str] = set()
         for name, keys in _stale_keys(bundle).items():
-            self.console.print(f"[yellow]{name} changed since {path} was tuned: {len(keys)} entries are stale")
+            self.console.print(f"[yellow]{escape(f'{name} changed since {path} was tuned')}: {len(keys)} entries are stale")
             stale |= keys
             # Stale entries outside this spec would keep a provenance that no longer holds.
             drop = keys - planned
             if drop:
                 for key in sorted(drop):
-                    self.console.print(f"[yellow]dropping stale {key}: not in this spec")
+                    self.console.print(f"[yellow]dropping stale {escape(key)}: not in this spec")
                 bundle = bundle.model_copy(
                     update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
+        # (With --force every combo is re-tuned anyway; a CPU dry run records ref-mode
+        # placeholders, which no compiled kernel would take.)
+        if not self.opt.force and not self.opt.cpu_dry_run:
+            for key, why in _rejected_configs(bundle, planned - stale).items():
+                self.console.print(f"[yellow]{escape(key)}: Helion rejects its config ({escape(why)}); re-tuning it")
+                stale.add(key)
         return bundle, stale
 
     def _resumable(self, path: Path, gpu: GpuInfo, versions: Versions) -> Bundle | None:
@@ -396,7 +404,7 @@ class Sweep:
         where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
             f"{gpu.name} x{len(slots)}"
         con.print(f"sweep {self.bundle_name}: {len(self.combos)} combos, {len(skipped)} already in {path}, "
-                  f"{len(todo)} to tune on {where}")
+                  f"{len(todo)} to tune on {where}", markup=False)
         if not todo:
             return SweepResult(path, results)
 
@@ -416,6 +424,7 @@ class Sweep:
                 while queue or running:
                     self._fill_slots(queue, free, running, tmp, log_dir, bundle)
                     time.sleep(0.5)
+                    _raise_if_stopped()
                     now = time.monotonic()
                     for run, timed_out in self._reap(running, free, now):
                         result = None if timed_out else self._result(run)
@@ -426,13 +435,19 @@ class Sweep:
                         took = progress.combo_done(run, entry, failure, now)
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
-            except (KeyboardInterrupt, SweepTerminated) as e:
+            except BaseException as e:
+                # Ctrl-C, SIGTERM/SIGHUP, or an error such as a full disk while writing the
+                # bundle: no worker outlives the sweep, and the temp folder is removed after
+                # they are gone.
                 for run in running:
                     self._kill(run)
+                if not isinstance(e, (KeyboardInterrupt, SweepTerminated)):
+                    raise
                 what = "interrupted"
                 if isinstance(e, SweepTerminated):
                     what, e.reported = f"terminated by {e.name}", True
-                con.print(f"[yellow]{what}: {progress.finished}/{progress.total} combos written to {path}; "
+                con.print(f"[yellow]{what}: {progress.finished}/{progress.total} combos written to "
+                          f"{escape(str(path))}; "
                           "rerun the same command to resume")
                 raise
         return SweepResult(path, results)
@@ -467,9 +482,9 @@ class Sweep:
         if result is None or not isolated_retry(result, run.isolated, os.environ):
             return False
         first = (str(result.get("error", "")).splitlines() or [""])[0][:160]
-        self.console.print(f"[yellow]{run.combo.label()}: a config broke the worker's CUDA context "
-                           f"({first}); retrying in a fresh "
-                           f"worker with {'='.join(ISOLATED_ENV)} (log: {run.log_path})")
+        self.console.print(f"[yellow]{escape(run.combo.label())}: a config broke the worker's CUDA context "
+                           f"({escape(first)}); retrying in a fresh "
+                           f"worker with {'='.join(ISOLATED_ENV)} (log: {escape(str(run.log_path))})")
         queue.insert(0, (run.index, run.combo, True))
         return True
 
@@ -486,14 +501,28 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, _frame: object) -> None:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+        _STOPPED_BY.append(signum)
         raise SweepTerminated(signum)
 
+    _STOPPED_BY.clear()
     old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
         yield
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        _STOPPED_BY.clear()
+
+
+# The signal that stopped the sweep, once the handler ran. The handler's exception is lost
+# when the signal lands in code that ignores exceptions (an at-fork callback while a worker
+# starts prints "Exception ignored" and goes on): the loop then raises it itself.
+_STOPPED_BY: list[int] = []
+
+
+def _raise_if_stopped() -> None:
+    if _STOPPED_BY:
+        raise SweepTerminated(_STOPPED_BY[0])
 
 
 def _remove_stale_temp_dirs(tmp_root: Path) -> None:
@@ -535,6 +564,22 @@ def _stale_keys(bundle: Bundle) -> dict[str, set[str]]:
         if tk is not None and prov.source_sha256 != tk.source_sha256():
             stale[name] = {k for k, e in bundle.entries.items() if e.kernel == name}
     return stale
+
+
+def _rejected_configs(bundle: Bundle, keys: set[str]) -> dict[str, str]:
+    """Key -> why, for the entries among `keys` whose config Helion rejects at their dims
+    (an unknown key, a wrong length, an impossible value): such an entry is not done."""
+    from autotune_cli.lowering import config_problem
+
+    kernels = all_kernels()
+    rejected: dict[str, str] = {}
+    for key in sorted(keys & bundle.entries.keys()):
+        entry = bundle.entries[key]
+        tk = kernels.get(entry.kernel)
+        why = None if tk is None else config_problem(tk, entry)
+        if why is not None:
+            rejected[key] = why
+    return rejected
 
 
 class _BundleWriter:
@@ -592,12 +637,12 @@ class _Progress:
         took = now - run.started
         self.durations.append(took)
         self.finished += 1
-        head = f"[{self.finished}/{self.total}] {run.combo.label()}"
+        head = f"[{self.finished}/{self.total}] {escape(run.combo.label())}"
         if entry is not None:
-            self.console.print(f"{head}: [green]ok[/] {describe_entry(entry)} in {_fmt_s(took)}; "
+            self.console.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         else:
-            self.console.print(f"{head}: [red]FAILED[/] {failure.reason if failure else '?'}; "
+            self.console.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         return took
 
@@ -613,9 +658,9 @@ class _Progress:
                 + (f" ({st['configs']} configs)" if st.get("configs") else ""))
         line = (f"[{self.finished}/{self.total}] elapsed {_fmt_s(now - self.t0)} ETA {self.eta()} | "
                 + "; ".join(parts))
-        status.update(line)
+        status.update(Text(line))  # plain text: the status file is a worker's data
         if not self.console.is_terminal and now - self.last_note > 60:
-            self.console.print(line)
+            self.console.print(line, markup=False)
             self.last_note = now
 
 

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kernels.vocab import DtypeName
 
 SCHEMA_VERSION = 1
+# A bundle is a few hundred entries at most; anything this big is not one (or is /dev/zero).
+MAX_BUNDLE_BYTES = 64 << 20
 
 
 class BundleError(ValueError):
@@ -155,9 +157,11 @@ class Bundle(_Model):
         for key, entry in self.entries.items():
             if not entry.accuracy.passed:
                 raise ValueError(f"entries[{key!r}]: accuracy.passed is false; a failed config is a failure, not an entry")
-            for name, value in entry.timing.model_dump().items():
-                if isinstance(value, float) and not (math.isfinite(value) and value > 0):
-                    raise ValueError(f"entries[{key!r}].timing.{name}: must be a positive finite number, got {value}")
+            for part in ("timing", "speedup"):
+                for name, value in getattr(entry, part).model_dump().items():
+                    if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+                        raise ValueError(f"entries[{key!r}].{part}.{name}: must be a positive finite number, "
+                                         f"got {value}")
         return self
 
     def with_entry(self, entry: Entry, *, updated: str) -> Bundle:
@@ -197,14 +201,56 @@ def _first_error(err: ValidationError) -> str:
     return f"{loc or '<root>'}: {msg}{more}"
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of duplicate keys silently; a bundle with two values for one key
+    # was edited by hand or merged badly, and either value may be the wrong one.
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON (RFC 8259), and a timing or speedup of NaN means nothing.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _non_finite(data: Any) -> tuple[str, float] | None:
+    """The path and value of the first non-finite float in parsed JSON, or None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return where or "<root>", v
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
 def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
     """Parse and validate a bundle; raise BundleError with one line naming `source` and the field."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise BundleError(f"{source}:{e.lineno}: not valid JSON: {e.msg}") from None
+    except _DuplicateKey as e:
+        raise BundleError(f"{source}: duplicate key {str(e)[:200]!r} in one JSON object") from None
+    except ValueError as e:
+        raise BundleError(f"{source}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise BundleError(f"{source}: nested too deeply to be a bundle") from None
     if not isinstance(data, dict):
         raise BundleError(f"{source}: a bundle is a JSON object, got {type(data).__name__}")
+    if (bad := _non_finite(data)) is not None:
+        raise BundleError(f"{source}: {bad[0]}: {bad[1]} is not a finite number (JSON reads 1e400 as infinity)")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise BundleError(
@@ -217,11 +263,24 @@ def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
 
 
 def load_bundle(path: str | os.PathLike[str]) -> Bundle:
+    """Read and validate a bundle. Every problem with the file (unreadable, not UTF-8, not
+    JSON, too deep, invalid) is a BundleError with one line: the run-time loader warns and
+    skips on it, so nothing about a bundle file can raise into a training job."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_BUNDLE_BYTES + 1)
     except OSError as e:
-        raise BundleError(f"{p}: cannot read: {e.strerror}") from None
+        raise BundleError(f"{p}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise BundleError(f"{p!r}: cannot read: {e}") from None
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise BundleError(f"{p}: over {MAX_BUNDLE_BYTES >> 20} MiB; not a bundle (the largest shipped one is 50 KB)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise BundleError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
     return parse_bundle(text, source=str(p))
 
 

@@ -264,6 +264,11 @@ class _Runtime:
             self.warned.add(message)
             warnings.warn(message, MambaTuneWarning, stacklevel=4)
 
+    def log_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            log.warning("%s", message)
+
     def effective_mode(self) -> Mode:
         env = os.environ.get(ENV_MODE)
         if env:
@@ -347,15 +352,50 @@ def resolve(rk: RuntimeKernel, args: Sequence[Any]) -> Resolution:
     return _RT.store(_compute_capability(args)).resolve(rk, dims, dtype, _RT.effective_mode())
 
 
+class NoDeviceError(RuntimeError):
+    """A kernel call on tensors that no compiled Helion kernel runs on (CPU, meta)."""
+
+
+def _check_device(rk: RuntimeKernel, args: Sequence[Any]) -> None:
+    devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+    if devices & {"cpu", "meta"}:
+        where = ", ".join(sorted(devices))
+        raise NoDeviceError(
+            f"{rk.name}: tensors on {where}: the kernels run compiled on a CUDA GPU; without one, set "
+            "HELION_INTERPRET=1 before importing kernels to run them in Helion's ref mode (eager PyTorch, "
+            "for testing; tuned configs do not apply)"
+        )
+
+
+def _ref_mode_call(rk: RuntimeKernel) -> Callable[..., Any]:
+    """The kernel in Helion ref mode, leaving the process as it found it when a call fails."""
+    from kernels.ref_mode import leave_ref_mode_context, ref_mode_context
+
+    def call(*args: Any) -> Any:
+        before = ref_mode_context()
+        try:
+            return rk.kernel(*args)
+        except BaseException:
+            try:
+                leave_ref_mode_context(before)
+            except Exception:  # never hide the call's own error
+                log.exception("%s: could not leave Helion's ref-mode context after a failed call", rk.name)
+            raise
+
+    return call
+
+
 def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Callable[..., Any]:
     from helion.runtime.settings import RefMode
 
     if rk.kernel.settings.ref_mode != RefMode.OFF:
         # Helion ref mode (HELION_INTERPRET=1): the body runs eagerly; configs do not apply.
-        fn: Callable[..., Any] = rk.kernel
+        _RT.log_once("mamba-tune: Helion ref mode (HELION_INTERPRET=1): the kernels run eagerly in PyTorch "
+                     "(for testing); tuned configs from bundles do not apply")
+        fn: Callable[..., Any] = _ref_mode_call(rk)
     else:
+        _check_device(rk, args)
         res = resolve(rk, args)
-        _RT.resolutions[(rk.name, sig)] = res
         dims = rk.dims_from_args(args)
         if res.config is None:
             cmd = tune_command(rk, dims, _dtype_of(args))
@@ -364,16 +404,35 @@ def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
             )
         log.info("%s: %s", res.key, res.source)
         bound = rk.kernel.bind(tuple(args))
-        config = rk.default_for(bound, dims) if res.config is None else _to_config(res.config)
-        fn = bound.compile_config(config, allow_print=False)
+        fn, res = _compile(rk, bound, res, dims, _dtype_of(args))
+        _RT.resolutions[(rk.name, sig)] = res
     _RT.compiled[(rk.name, sig)] = fn
     return fn
 
 
-def _to_config(config: dict[str, Any]) -> Any:
+def _compile(rk: RuntimeKernel, bound: Any, res: Resolution, dims: dict[str, int],
+             dtype: str) -> tuple[Callable[..., Any], Resolution]:
+    """The bound kernel compiled with the resolved config, or with the kernel's default
+    config (one warning) when Helion rejects the bundle's: a bad bundle never stops training."""
+    if res.config is not None:
+        try:
+            return bound.compile_config(_to_config(res.config, bound), allow_print=False), res
+        except Exception as e:  # InvalidConfig, or a config the code generator refuses
+            text = str(e).strip()
+            why = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+            _RT.warn_once(f"mamba-tune: Helion rejects the config for {res.key} ({res.source}): {why}; running the "
+                          f"kernel's default config. Re-tune it with: {tune_command(rk, dims, dtype)}")
+            res = Resolution(None, f"default (config rejected: {res.source})", res.key)
+    return bound.compile_config(rk.default_for(bound, dims), allow_print=False), res
+
+
+def _to_config(config: dict[str, Any], bound: Any) -> Any:
+    """A bundle's config as Helion checks it for this bound kernel (InvalidConfig if it does not fit)."""
     import helion
 
-    return helion.Config.from_dict(config)
+    cfg = helion.Config.from_dict(config)
+    bound.config_spec.normalize(cfg)
+    return cfg
 
 
 def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:

@@ -78,8 +78,12 @@ def test_entry_key_is_canonical():
         (lambda d: next(iter(d["entries"].values())).update(dtype="int8"), r"dtype: Input should be"),
         (lambda d: d["provenance"].pop("gpu"), r"provenance.gpu: Field required"),
         (lambda d: d.update(extra_field=1), r"extra_field: Extra inputs are not permitted"),
+        (lambda d: next(iter(d["entries"].values()))["speedup"].update(vs_default=float("nan")),
+         r"not valid JSON: NaN is not a JSON number"),
+        (lambda d: next(iter(d["entries"].values()))["speedup"].update(vs_baseline=float("inf")),
+         r"not valid JSON: Infinity is not a JSON number"),
     ],
-    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra"],
+    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra", "nan", "inf"],
 )
 def test_invalid_bundles_give_one_line(mutate, match):
     data = json.loads(dumps_bundle(bundle(entry())))
@@ -92,3 +96,52 @@ def test_invalid_bundles_give_one_line(mutate, match):
 def test_not_json():
     with pytest.raises(BundleError, match=r"^b.json:2: not valid JSON"):
         parse_bundle('{\n  "entries": ,\n}', source="b.json")
+
+
+def test_non_finite_speedup_written_as_a_big_number_is_invalid():
+    # 1e400 is valid JSON that Python reads as inf: the model check catches what the parser cannot.
+    text = dumps_bundle(bundle(entry()))
+    old = json.loads(text)
+    vs = next(iter(old["entries"].values()))["speedup"]["vs_default"]
+    clean = text
+    text = text.replace(f'"vs_default": {json.dumps(vs)}', '"vs_default": 1e400', 1)
+    with pytest.raises(BundleError, match=r"^b.json: entries.gated_norm_fwd\|.*\|bf16.speedup.vs_default: inf is not "
+                                          r"a finite number"):
+        parse_bundle(text, source="b.json")
+    cfg = clean.replace('"num_warps": 4', '"num_warps": -1e999', 1)
+    with pytest.raises(BundleError, match=r"config.num_warps: -inf is not a finite number"):
+        parse_bundle(cfg, source="b.json")
+
+
+def test_duplicate_keys_and_deep_nesting_are_one_line():
+    text = dumps_bundle(bundle(entry()))
+    with pytest.raises(BundleError, match=r"^b.json: duplicate key 'tuned_ms' in one JSON object$"):
+        parse_bundle(text.replace('"tuned_ms": ', '"tuned_ms": 1.0, "tuned_ms": ', 1), source="b.json")
+    with pytest.raises(BundleError, match=r"^b.json: nested too deeply to be a bundle$"):
+        parse_bundle("[" * 100_000 + "]" * 100_000, source="b.json")
+
+
+def test_endless_file_is_refused_after_the_size_limit():
+    with pytest.raises(BundleError, match=r"^/dev/zero: over 64 MiB; not a bundle"):
+        load_bundle("/dev/zero")
+
+
+def test_binary_bundle_is_one_line(tmp_path):
+    p = tmp_path / "b.json"
+    p.write_bytes(b'{"a":\n\xff\xfe}')
+    with pytest.raises(BundleError, match=r"b.json:2: not UTF-8 text \(byte 6: b'\\xff'\)$"):
+        load_bundle(p)
+
+
+def test_git_ignores_the_temp_files_of_an_interrupted_write():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    # The name write_text_atomic gives its temp file, next to the bundle.
+    r = subprocess.run(["git", "check-ignore", "-q", "generated_configs/h200/.nemotron-nano.json.k3x_9a.tmp"],
+                       cwd=root)
+    assert r.returncode == 0

@@ -163,3 +163,157 @@ def test_bench_rejects_bad_stage_arguments_before_touching_a_gpu(tmp_path, args,
     assert r.exit_code == 2
     assert message in r.output and len(r.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "../escape"], "--name '../escape' is not a safe file name"),
+    (["--name", "{tmp}/abs"], "/abs' is not a safe file name"),
+    (["--dims", "batch=1,seqlen=64,ngroups=1,dstate=16,chunk_size=24"],
+     "--dims: chunk_size=24: the kernels need a power of two in 16..256"),
+    (["--dims", "batch=4096,seqlen=1048576,ngroups=8,dstate=128,chunk_size=64"],
+     "--dims: B (batch, seqlen, ngroups, dstate) has 4,398,046,511,104 elements, over 2**31 - 1"),
+])
+def test_tune_rejects_unsafe_names_and_impossible_dims_writing_nothing(tmp_path, args, message):
+    out = tmp_path / "out"
+    base = ["tune", "ssd_bmm", "--dims", "batch=1,seqlen=64,ngroups=1,dstate=16,chunk_size=16", "--cpu-dry-run",
+            "-o", str(out), "--log-dir", str(tmp_path / "logs")]
+    if args[0] == "--dims":
+        base[3] = args[1]
+    else:
+        base += [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = run(*base)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no bundle, lock or log anywhere
+
+
+MARKUP = "[bold]x[/x]"  # rich reads both as markup: the first styles, the second raises MarkupError
+
+
+def test_show_and_validate_print_markup_in_data_as_text(tmp_path):
+    from kernels.bundle import Failure
+
+    b = bundle(entry())
+    fail = Failure(kernel="gated_norm_bwd", dims=norm_dims(rows=8), dtype="bf16", reason=f"boom {MARKUP} end",
+                   at="2026-11-29T00:00:00+00:00")
+    b = b.with_failure(fail, updated="2026-11-29T00:00:00+00:00")
+    p = tmp_path / MARKUP / "b.json"
+    write_bundle(b, p)
+    r = run("show", str(p))
+    assert r.exit_code == 0, r.output
+    assert f"boom {MARKUP} end" in r.stdout and f"{p}: NVIDIA H200" in r.stdout
+    r = run("validate", str(p))
+    assert r.exit_code == 0, r.output
+    assert f"ok  {p}: bundle" in r.stdout
+
+
+def test_plan_prints_markup_in_model_names_as_text(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text().replace("name: tiny-model", f"name: '{MARKUP}'"))
+    r = run("plan", str(spec))
+    assert r.exit_code == 0, r.output
+    assert f"{MARKUP} tp=1 batch=1 seqlen=64" in r.stdout
+
+
+def test_tune_progress_and_summary_print_markup_in_reasons_and_paths_as_text(tmp_path):
+    # A 1 s timeout fails the combo for real (the worker needs longer to start); the
+    # failure reason names the log, whose path holds markup.
+    logs = tmp_path / f"logs{MARKUP}"
+    out = tmp_path / f"out{MARKUP}"
+    dims = "rows=8,d=64,group_size=64,has_z=0,norm_before_gate=0,has_bias=0,is_rms=1,weight_fp32=1"
+    r = run("tune", "gated_norm_fwd", "--dims", dims, "--cpu-dry-run", "--timeout", "1", "-o", str(out),
+            "--log-dir", str(logs))
+    assert r.exit_code == 1, r.output
+    failed = [ln for ln in r.stderr.splitlines() if "FAILED" in ln]
+    assert len(failed) == 1 and "worker timed out" in failed[0] and f"{logs}/cpu/adhoc/" in failed[0], r.stderr
+    assert "FAILED: worker timed out" in r.stdout and MARKUP in r.stdout
+    assert f"combo(s) failed; reasons are recorded under 'failures' in {out}/cpu/adhoc.json" in r.stderr
+
+
+def test_output_under_a_regular_file_is_one_line_exit_2(tmp_path):
+    (tmp_path / "file").write_text("")
+    dims = "rows=8,d=64,group_size=64,has_z=0,norm_before_gate=0,has_bias=0,is_rms=1,weight_fp32=1"
+    r = run("tune", "gated_norm_fwd", "--dims", dims, "--cpu-dry-run", "-o", str(tmp_path / "file" / "out"),
+            "--log-dir", str(tmp_path / "logs"))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [f"error: cannot write {tmp_path}/file/out/cpu: Not a directory "
+                                             "(combos finished before it are kept in the bundle)"]
+    good = tmp_path / "b.json"
+    write_bundle(bundle(entry()), good)
+    r = run("report", str(good), "-o", str(tmp_path / "file" / "report"))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [f"error: cannot write the report: {tmp_path}/file/report: Not a directory"]
+
+
+def test_a_full_disk_mid_sweep_is_one_line_and_keeps_finished_combos(tmp_path):
+    """A real write failure: the sweep runs with a file size limit (RLIMIT_FSIZE, SIGXFSZ
+    ignored) that lets the first bundle write through and fails the second (EFBIG, as a
+    full disk fails with ENOSPC): exit 2, one line, the first combo kept."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "autotune_cli", "sweep", "tests/data/tiny.yaml", "--cpu-dry-run",
+                        "--kernel", "gated_norm_fwd", "--origin", "seqlen=64", "-o", str(out),
+                        "--log-dir", str(tmp_path / "logs")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"error: cannot write under {out}: File too large (combos "
+                                                 "finished before it are kept in the bundle)"), r.stderr
+    assert "Traceback" not in r.stderr
+    from kernels.bundle import load_bundle
+
+    kept = load_bundle(out / "cpu" / "tiny.json")
+    assert len(kept.entries) == 1
+    assert sorted(p.name for p in (out / "cpu").iterdir()) == ["tiny.json", "tiny.json.lock"]  # no temp file left
+
+
+COMMANDS = ("plan", "sweep", "tune", "validate", "show", "diff", "check", "verify", "report", "bench")
+
+
+def test_help_shows_no_type_noise_and_names_every_value(monkeypatch):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "250")
+    for args in ([], *([c] for c in COMMANDS)):
+        r = run(*args, "--help")
+        assert r.exit_code == 0, (args, r.output)
+        noise = re.findall(r"<(?:bool|str|int|float|file|dir|path|list\[[^\]]*\])[^>]*>", r.stdout)
+        assert not noise, (args, noise)
+        assert "<gpu sku>" not in r.stdout and "OUT/" not in r.stdout, args
+
+
+def test_version_prints_the_package_version():
+    import importlib.metadata
+
+    r = run("--version")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f"mamba-tune {importlib.metadata.version('mamba-tune')}\n"
+def test_validate_lists_configs_helion_rejects(tmp_path):
+    """Every config is checked against its kernel's config space at its dims, on the CPU:
+    an unknown key, a wrong length or an impossible value exits 1 naming the entry."""
+    p = tmp_path / "b.json"
+    dims = norm_dims(rows=64, d=64, group_size=32)
+    good = entry(dims=dims)
+    bad = [entry(dims=norm_dims(rows=32, d=64, group_size=32), config={"block_sizes": [8, 1], "bogus_key": 1}),
+           entry("gated_norm_bwd", dims=dims, config={"block_sizes": [8, 1]}),
+           entry(dims=norm_dims(rows=16, d=64, group_size=32), config={"block_sizes": [8, 1], "pid_type": "nope"})]
+    write_bundle(bundle(good, *bad), p)
+    r = run("validate", str(p))
+    assert r.exit_code == 1, r.output
+    assert "1/4 configs valid" in r.stdout
+    lines = [line for line in r.stderr.splitlines() if "Helion rejects the config" in line]
+    assert sorted(line.split(": ")[1] for line in lines) == sorted(e.key for e in bad), r.stderr
+    assert any("Invalid config keys ['bogus_key']" in line for line in lines)
+    assert any("expected 3 block sizes" in line for line in lines)
+    assert any("'pid_type': 'nope'" in line for line in lines)
+    write_bundle(bundle(good), p)
+    r = run("validate", str(p))
+    assert r.exit_code == 0 and "1/1 configs valid" in r.stdout, r.output

@@ -111,6 +111,63 @@ def test_leading_dims_and_noncontiguous_inputs():
     torch.testing.assert_close(got, gated_norm_ref(x, w, None, z, 1e-6, 32, True, True), rtol=1e-5, atol=1e-5)
 
 
+def _spy_kernel_args(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple]:
+    """The arguments each norm kernel gets from its launcher (the real runtime still runs)."""
+    from kernels.norm import gated
+
+    seen: dict[str, tuple] = {}
+    real_run = gated.runtime.run
+
+    def run(rk, args):
+        seen[rk.name] = tuple(args)
+        return real_run(rk, args)
+
+    monkeypatch.setattr(gated.runtime, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_row_strided_inputs_reach_the_kernels_without_a_copy(monkeypatch, dtype):
+    # As the Mamba-2 layer calls it: z a column slice of the in_proj output (batch, seqlen,
+    # 2 d + extra), x contiguous; in the backward dy a column slice of a larger gradient.
+    d, gs, extra = 64, 16, 40
+    g = torch.Generator().manual_seed(4)
+    proj = torch.randn(2, 9, 2 * d + extra, generator=g).to(dtype)
+    z = proj[..., d : 2 * d]
+    x = torch.randn(2, 9, d, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).float()
+    assert not z.is_contiguous()
+    seen = _spy_kernel_args(monkeypatch)
+
+    def run(xx, zz):
+        leaves = [t.detach().requires_grad_() for t in (xx, zz, w)]
+        y = rmsnorm_fn(leaves[0], leaves[2], None, z=leaves[1], eps=1e-5, group_size=gs, norm_before_gate=False)
+        wide = torch.cat([y, torch.zeros_like(y)], dim=-1)  # its backward hands y a column slice
+        (wide * torch.linspace(-1, 1, 2 * d).to(dtype)).sum().backward()
+        return y, [t.grad for t in leaves]
+
+    y, grads = run(x, z)
+    fwd_z, bwd_dy, bwd_z = seen["gated_norm_fwd"][1], seen["gated_norm_bwd"][0], seen["gated_norm_bwd"][2]
+    # The kernels read z in place (same memory, in_proj's row stride) and dy in place.
+    assert fwd_z.data_ptr() == z.data_ptr() and fwd_z.stride() == (2 * d + extra, gs, 1)
+    assert bwd_z.data_ptr() == z.data_ptr()
+    assert bwd_dy.stride(0) == 2 * d
+    y_c, grads_c = run(x, z.contiguous())
+    assert seen["gated_norm_fwd"][1].stride() == (d, gs, 1)  # the contiguous run is what it says
+    torch.testing.assert_close(y, y_c, rtol=0, atol=0)
+    for a, b in zip(grads, grads_c):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_transposed_inputs_are_still_copied_to_rows():
+    # A last dim that is not contiguous cannot go to the kernel as rows: one copy, same result.
+    x = torch.randn(64, 10).t()  # (10, 64), stride (1, 10)
+    z = torch.randn(10, 64)
+    w = torch.randn(64)
+    torch.testing.assert_close(rmsnorm_fn(x, w, None, z, group_size=32), rmsnorm_fn(x.contiguous(), w, None, z,
+                                                                                     group_size=32), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "ln"])
 def test_forward_allocates_mean_only_for_layernorm(is_rms):
     # RMS calls hand back rstd in mean's place (one allocation less on the host path).

@@ -114,6 +114,27 @@ def test_invalid_bundle_warns_once_and_is_skipped(tmp_path):
     assert len(msgs) == 1 and "bad.json:1: not valid JSON" in msgs[0]
 
 
+def test_unreadable_bundle_files_warn_and_are_skipped(tmp_path):
+    """Whatever is wrong with a bundle file, the loader warns and skips it: a training job
+    never sees an exception from a config file."""
+    write_bundle(bundle(entry(config=CFG_EXACT)), tmp_path / "good.json")
+    (tmp_path / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "twice.json").write_text((tmp_path / "good.json").read_text().replace(
+        '"schema_version": 1', '"schema_version": 1, "schema_version": 1'))
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    msgs: list[str] = []
+    store = runtime.ConfigStore([tmp_path], "9.0", msgs.append)
+    assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
+    got = sorted(m.split(str(tmp_path) + "/")[1] for m in msgs)
+    assert got == ["binary.json:1: not UTF-8 text (byte 0: b'\\x89')",
+                   "dangling.json: cannot read: No such file or directory",
+                   "deep.json: nested too deeply to be a bundle",
+                   "folder.json: cannot read: Is a directory",
+                   "twice.json: duplicate key 'schema_version' in one JSON object"], msgs
+
+
 def test_runtime_warns_once_per_missing_key(monkeypatch):
     """The public warn path: one MambaTuneWarning naming the key and the tune command."""
     rt = runtime._Runtime()
@@ -199,3 +220,107 @@ def test_signature_separates_what_compiled_code_bakes_in():
     assert sig((x[:, :, ::2],)) != sig((x[:, :, 1::2].contiguous(),))
     assert sig((x, None)) != sig((x, x))
     assert sig((x, 1e-6)) != sig((x, 1e-5))
+
+
+# --- CPU use, rejected configs and exception safety -----------------------------------
+
+NORM_CALL = """
+import torch
+from kernels import runtime
+from kernels.norm.gated import GATED_NORM_FWD
+x = torch.randn(64, 2, 32, dtype=torch.bfloat16)
+w = torch.ones(2, 32)
+args = (x, x, w, None, 1e-6, False, True)
+"""
+
+
+def _run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cpu_call_without_ref_mode_raises_one_clear_error(clean_env):
+    """Compiled mode on CPU tensors: one error naming both ways out, before any tune warning."""
+    code = NORM_CALL + """
+import warnings
+warnings.simplefilter("error")  # a tune warning first would surface instead
+try:
+    runtime.run(GATED_NORM_FWD, args)
+except runtime.NoDeviceError as e:
+    print(e)
+"""
+    r = _run_python(code, clean_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    msg = r.stdout.strip()
+    assert msg.startswith("gated_norm_fwd: tensors on cpu:"), msg
+    assert "CUDA GPU" in msg and "HELION_INTERPRET=1" in msg and "ref mode" in msg
+
+
+def test_ref_mode_says_once_that_bundles_do_not_apply(caplog):
+    x = torch.randn(8, 2, 32, dtype=torch.bfloat16)
+    args = (x, x, torch.ones(2, 32), None, 1e-6, False, True)
+    runtime.configure()
+    with caplog.at_level("WARNING", logger="mamba_tune"):
+        runtime.run(GATED_NORM_FWD, args)
+        runtime.run(GATED_NORM_FWD, (x[:4], x[:4], *args[2:]))
+    said = [r.getMessage() for r in caplog.records if "ref mode" in r.getMessage()]
+    assert len(said) == 1 and "tuned configs from bundles do not apply" in said[0]
+
+
+def test_failed_ref_mode_call_leaves_the_process_as_it_found_it(clean_env):
+    """Meta tensors fail inside Helion's ref-mode set-up; the next call must still work."""
+    code = NORM_CALL + """
+from helion.runtime.ref_mode import RefModeContext
+good = runtime.run(GATED_NORM_FWD, args)[0]
+for bad in ((x.to("meta"), x.to("meta"), w.to("meta"), *args[3:]), (x, x, w[:, :16], *args[3:])):
+    try:
+        runtime.run(GATED_NORM_FWD, bad)
+        raise SystemExit("the bad call passed")
+    except Exception as e:
+        print(type(e).__name__)
+    assert not RefModeContext.has_current()
+    assert torch.zeros(1).device.type == "cpu"
+    again = runtime.run(GATED_NORM_FWD, args)[0]
+    assert torch.equal(again, good)
+print("ok")
+"""
+    r = _run_python(code, {**clean_env, "HELION_INTERPRET": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "ok"
+
+
+BAD_CONFIGS = {64: {"bogus_key": 1}, 32: {"block_sizes": [4, 1, 1]}, 16: {"pid_type": "nope"}}
+
+
+def test_rejected_bundle_configs_warn_once_and_run_the_default(tmp_path, clean_env):
+    """Compiled mode, as on a GPU (the CPU can compile but not launch): a config Helion
+    rejects (unknown key, wrong length, impossible value) is served as `exact`, warned
+    about once, and the kernel's default config runs instead."""
+    entries = [entry(dims=norm_dims(rows=rows, d=64, group_size=32), config={"block_sizes": [4, 1], "num_warps": 4, **bad})
+               for rows, bad in BAD_CONFIGS.items()]
+    write_bundle(bundle(*entries), tmp_path / "bad.json")
+    code = NORM_CALL + f"""
+import warnings
+runtime._check_device = lambda rk, args: None  # no GPU here: compile, never launch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for rows in {list(BAD_CONFIGS)}:
+        call = (x[:rows], x[:rows], *args[2:])
+        assert callable(runtime.lookup(GATED_NORM_FWD, call))
+        runtime._RT.compiled.clear()  # compile again: the warning stays one
+        runtime.lookup(GATED_NORM_FWD, call)
+for w in caught:
+    if issubclass(w.category, runtime.MambaTuneWarning):
+        print("W", w.message)
+for source in runtime.resolutions().values():
+    print("R", source)
+"""
+    r = _run_python(code, {**clean_env, runtime.ENV_CONFIGS: str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned = [line for line in r.stdout.splitlines() if line.startswith("W ")]
+    assert len(warned) == 3, r.stdout
+    for rows, line in zip(BAD_CONFIGS, warned):
+        assert "Helion rejects the config for gated_norm_fwd|d=64,group_size=32," in line
+        assert f"rows={rows}" in line and "bad.json" in line and "InvalidConfig" in line, line
+        assert "running the kernel's default config" in line
+    sources = [line for line in r.stdout.splitlines() if line.startswith("R ")]
+    assert len(sources) == 3 and all("default (config rejected: exact" in s for s in sources), r.stdout

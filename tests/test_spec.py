@@ -3,6 +3,7 @@ the file, the line and the field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,14 +78,64 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
                              source="t.yaml"))
     assert all(c.dims.get("has_seq_idx", 0) == 0 for c in plain)
     new = {c.key for c in packed} - {c.key for c in plain}
-    assert {c.kernel for c in packed if c.key in new} == {"ssd_chunk_state", "ssd_state_passing",
-                                                            "ssd_chunk_state_passing", "ssd_chunk_scan"}
+    with_seq_idx = {"ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_chunk_scan",
+                    "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc"}
+    assert {c.kernel for c in packed if c.key in new} == with_seq_idx
     assert all(c.dims["has_seq_idx"] == 1 for c in packed if c.key in new)
-    assert len(new) == 4 * sum(len(m.batch) * len(m.seqlen) for m in parse_spec(base, source="t.yaml").models)
+    assert len(new) == len(with_seq_idx) * sum(len(m.batch) * len(m.seqlen) for m in parse_spec(base, source="t.yaml").models)
     # Kernels without seq_idx in their key (norm, F1, F4) keep one combo, now from both origins.
     (bmm,) = [c for c in packed if c.kernel == "ssd_bmm" and c.dims["ngroups"] == 8 and c.dims["seqlen"] == 8192]
     assert bmm.origins == ("nemotron-3-nano-30b tp=1 batch=2 seqlen=8192",
                            "nemotron-3-nano-30b tp=1 batch=2 seqlen=8192 packed")
+
+
+def test_norm_weight_dtypes_add_low_precision_weight_norm_combos_only():
+    base = GOOD.replace("kernels: [gated_norm_fwd, gated_norm_bwd]", "kernels: all")
+    assert parse_spec(base, source="t.yaml").norm_weight_dtypes == ["fp32"]
+    plain = plan(parse_spec(base, source="t.yaml"))
+    both = plan(parse_spec(base.replace("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp32, bf16]"),
+                           source="t.yaml"))
+    assert all(c.dims["weight_fp32"] == 1 for c in plain if c.kernel.startswith("gated_norm"))
+    new = [c for c in both if c.key not in {p.key for p in plain}]
+    assert {c.kernel for c in new} == {"gated_norm_fwd", "gated_norm_bwd"}
+    assert all(c.dims["weight_fp32"] == 0 and c.dtype == "bf16" for c in new)
+    # one per norm shape: the same shapes as the fp32-weight combos
+    assert sorted((c.kernel, c.dims["rows"], c.dims["d"]) for c in new) == sorted(
+        (c.kernel, c.dims["rows"], c.dims["d"]) for c in plain if c.kernel.startswith("gated_norm"))
+    assert all(o.endswith(" norm_weight=bf16") for c in new for o in c.origins)
+    # The SSD combos do not change, nor their origins.
+    ssd = {c.key: c.origins for c in both if c.kernel.startswith("ssd_")}
+    assert ssd == {c.key: c.origins for c in plain if c.kernel.startswith("ssd_")}
+    only_low = plan(parse_spec(base.replace("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [bf16]"),
+                               source="t.yaml"))
+    assert {c.key for c in only_low} == {c.key for c in both} - {c.key for c in plain
+                                                                 if c.kernel.startswith("gated_norm")}
+
+
+def test_a_low_precision_norm_weight_serves_only_its_own_dtype():
+    text = GOOD.replace("dtypes: [bf16]", "dtypes: [bf16, fp16]\nnorm_weight_dtypes: [fp32, fp16]")
+    combos = [c for c in plan(parse_spec(text, source="t.yaml")) if c.kernel == "gated_norm_fwd"]
+    assert {(c.dtype, c.dims["weight_fp32"]) for c in combos} == {("bf16", 1), ("fp16", 1), ("fp16", 0)}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp32, fp16]"),
+                     "t.yaml:14: norm_weight_dtypes[1]: fp16 is neither fp32 nor one of dtypes ['bf16']",
+                     id="weight-not-a-dtype"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [bf16, bf16]"),
+                     "t.yaml:14: norm_weight_dtypes[1]: bf16 listed twice", id="weight-dup"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16, fp16]\nnorm_weight_dtypes: [bf16]"),
+                     "t.yaml:14: norm_weight_dtypes: dtype fp16 gets no norm weight dtype: list fp32 or fp16",
+                     id="dtype-without-weight"),
+        pytest.param(_bad("dtypes: [bf16]", "dtypes: [bf16]\nnorm_weight_dtypes: [fp64]"),
+                     "t.yaml:14: norm_weight_dtypes[0]: Input should be", id="weight-type"),
+    ],
+)
+def test_bad_norm_weight_dtypes(text, expected):
+    with pytest.raises(SpecError, match=re.escape(expected)):
+        parse_spec(text, source="t.yaml")
 
 
 @pytest.mark.parametrize(
@@ -118,8 +169,8 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
         pytest.param("- just\n- a list\n", "t.yaml:1: a spec is a YAML mapping, got list", id="not-a-mapping"),
         pytest.param(_bad("  - name: custom\n", "  - name: nemotron-3-nano-30b\n"),
                      "t.yaml:8: models[1].name: model name 'nemotron-3-nano-30b' already used", id="dup-model"),
-        pytest.param(_bad("  - preset: nemotron-3-nano-30b\n", "  - dims: {headdim: 64, ngroups: 1, dstate: 1, "
-                          "chunk_size: 1, nheads: 2}\n    preset: nemotron-3-nano-30b\n"),
+        pytest.param(_bad("  - preset: nemotron-3-nano-30b\n", "  - dims: {headdim: 64, ngroups: 1, dstate: 16, "
+                          "chunk_size: 16, nheads: 2}\n    preset: nemotron-3-nano-30b\n"),
                      "t.yaml:6: models[0]: give exactly one of 'preset' or 'dims'", id="preset-and-dims"),
         pytest.param(_bad("dtypes: [bf16]", "packed_sequences: [false, false]\ndtypes: [bf16]"),
                      "t.yaml:13: packed_sequences: duplicate values [False, False]", id="packed-dup"),
@@ -127,6 +178,25 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
                      "t.yaml:13: packed_sequences[0]: Input should be a valid boolean", id="packed-type"),
         pytest.param(_bad("  seed: 3\n", "  seed: 3\n  algorithm: Grid\n"),
                      "t.yaml:19: budget.algorithm: unknown search algorithm 'Grid'", id="algorithm"),
+        pytest.param(_bad("name: t", "name: ../../escape"), "t.yaml:1: name: '../../escape' is not a safe file name",
+                     id="name-escapes"),
+        pytest.param(_bad("name: t", "name: /tmp/abs"), "t.yaml:1: name: '/tmp/abs' is not a safe file name",
+                     id="name-absolute"),
+        pytest.param(_bad("name: t", 'name: "a\\0b"'), "t.yaml:1: name: 'a\\x00b' is not a safe file name",
+                     id="name-nul"),
+        pytest.param(_bad("name: t", "name: a..b"), "t.yaml:1: name: 'a..b' is not a safe file name", id="name-dots"),
+        pytest.param(_bad("chunk_size: 64}", "chunk_size: 48}"),
+                     "t.yaml:9: models[1].dims.chunk_size: chunk_size=48: the kernels need a power of two in 16..256",
+                     id="chunk-not-pow2"),
+        pytest.param(_bad("chunk_size: 64}", "chunk_size: 8}"), "t.yaml:9: models[1].dims.chunk_size: chunk_size=8",
+                     id="chunk-small"),
+        pytest.param(_bad("dstate: 64", "dstate: 100000"), "t.yaml:9: models[1].dims.dstate: dstate=100000: at most 256",
+                     id="dstate"),
+        pytest.param(_bad("d_inner: 1024, headdim: 64", "d_inner: 4096, headdim: 1024"),
+                     "t.yaml:9: models[1].dims.headdim: headdim=1024: at most 256", id="headdim-limit"),
+        pytest.param(_bad("batch: [2]", "batch: [100000]"),
+                     "t.yaml:6: models[0]: tp 1 batch 100000 seqlen 8192: x (batch, seqlen, nheads, headdim) has "
+                     "3,355,443,200,000 elements, over 2**31 - 1", id="overflow"),
     ],
 )
 def test_bad_spec_is_one_line_with_file_line_and_field(text, expected):
@@ -147,3 +217,56 @@ def test_yaml_tags_are_not_executed(tmp_path):
 def test_missing_file():
     with pytest.raises(SpecError, match="nope.yaml: cannot read"):
         load_spec("nope.yaml")
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text,expected", [
+    pytest.param(BOMB, "t.yaml: over 10,000 YAML nodes once aliases are expanded", id="alias-bomb"),
+    pytest.param("a: " + "[" * 5000 + "]" * 5000 + "\n", "t.yaml: nested deeper than 32 levels", id="deep"),
+    pytest.param("a: " + "[" * 40 + "]" * 40 + "\n", "t.yaml:1: nested deeper than 32 levels", id="deep-not-recursion"),
+    pytest.param("name: [" + "x, " * 400_000 + "]\n", "t.yaml: over 1 MiB", id="too-big"),
+    pytest.param(_bad("name: t", 'name: "a\x00b"'), "t.yaml: invalid YAML: unacceptable character #x0000", id="nul"),
+])
+def test_hostile_yaml_is_refused_fast_in_one_line(text, expected):
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, source="t.yaml")
+    assert time.monotonic() - t0 < 5
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)
+
+
+def test_anchors_and_aliases_within_the_limits_work():
+    text = _bad("batch: [2]\n", "batch: *b\n").replace("    seqlen: [1024]", "    seqlen: [1024]\n    batch: &b [3]")
+    spec = parse_spec(text, source="t.yaml")
+    assert [m.batch for m in spec.models] == [[3], [3], [3]]
+
+
+def test_binary_file_is_one_line(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"name: x\n\xff\xfe\x00\x01")
+    with pytest.raises(SpecError, match=r"bin.yaml:2: not UTF-8 text \(byte 8"):
+        load_spec(p)
+
+
+def test_a_stem_that_is_not_a_safe_name_needs_a_name(tmp_path):
+    p = tmp_path / "my spec.yaml"
+    p.write_text(GOOD.replace("name: t\n", ""))
+    with pytest.raises(SpecError, match=r"the file's stem 'my spec' is not a safe file name .*; add a 'name'"):
+        load_spec(p)
+    assert load_spec(_write(tmp_path / "my-spec.yaml", GOOD.replace("name: t\n", ""))).name == "my-spec"
+
+
+def test_path_under_a_regular_file_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SpecError, match=r"f/x.yaml: cannot read: Not a directory"):
+        load_spec(tmp_path / "f" / "x.yaml")
+
+
+def _write(p: Path, text: str) -> Path:
+    p.write_text(text)
+    return p

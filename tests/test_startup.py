@@ -1,8 +1,10 @@
 """Start-up: the commands that only read specs and bundles import neither torch nor helion.
 
-Importing torch and helion takes seconds; `mamba-tune --help`, `plan`, `validate` (without
---lower), `show`, `diff`, `check` and `report` need neither. Checked on the modules a fresh interpreter has
-loaded, not on timings, so that a busy machine cannot make it flaky.
+Importing torch and helion takes seconds; `mamba-tune --help`, `plan`, `validate` of specs,
+`show`, `diff`, `check` (until a bundle entry's config is checked) and `report` need neither.
+Validating a bundle checks its configs against their kernels' config spaces with Helion, so
+it imports both (only then). Checked on the modules a fresh interpreter has loaded, not on
+timings, so that a busy machine cannot make it flaky.
 """
 
 from __future__ import annotations
@@ -47,14 +49,17 @@ def test_light_commands_import_no_torch_or_helion(clean_env: dict[str, str], tmp
         ["--help"],
         ["plan", spec],
         ["plan", spec, "--json"],
-        ["validate", "sweeps", bundles],
+        ["validate", "sweeps"],
         ["show", f"{bundles}/nemotron-nano.json"],
         ["diff", bundles, bundles],
-        ["check", spec, "--bundles", "generated_configs"],
+        # No bundle (an empty folder): every combo missing, exit 1. With bundles, check imports helion to
+        # check their configs, as `validate` of a bundle does.
+        ["check", spec, "--bundles", str(tmp_path / "no-bundles")],
         ["report", f"{bundles}/nemotron-nano.json", "-o", str(tmp_path / "report")],
         ["sweep", "--help"],
         ["bench", "--help"],
     ]
+    (tmp_path / "no-bundles").mkdir()
     report = probe(commands, clean_env)
     assert report.pop("import") == []
     for command, (code, heavy, output) in report.items():
@@ -71,6 +76,24 @@ def test_the_probe_sees_a_command_that_imports_torch(clean_env: dict[str, str], 
                      str(tmp_path / "logs")]], clean_env)
     assert report.pop("import") == []
     (_code, heavy, output), = report.values()
+    assert "helion" in heavy and "torch" in heavy, output
+
+
+def test_validating_a_bundle_imports_helion(clean_env: dict[str, str], tmp_path: Path) -> None:
+    # A bundle's configs are checked against their kernels' config spaces (Helion's own
+    # check), so validate loads helion for a bundle; one entry keeps the test short.
+    shipped = json.loads((ROOT / "generated_configs/h200/nemotron-nano.json").read_text(encoding="utf-8"))
+    key, entry = next(iter(shipped["entries"].items()))
+    shipped["entries"] = {key: entry}
+    shipped["failures"] = {}
+    shipped["provenance"]["kernels"] = {entry["kernel"]: shipped["provenance"]["kernels"][entry["kernel"]]}
+    bundle = tmp_path / "one.json"
+    bundle.write_text(json.dumps(shipped), encoding="utf-8")
+    report = probe([["validate", str(bundle)]], clean_env)
+    assert report.pop("import") == []
+    (code, heavy, output), = report.values()
+    assert code == 0, output
+    assert "1/1 configs valid" in output, output
     assert "helion" in heavy and "torch" in heavy, output
 
 

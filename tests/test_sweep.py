@@ -3,6 +3,7 @@ search): every entry written at once, resume after a SIGKILL, the file lock, fai
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from rich.console import Console
 
 from kernels.bundle import load_bundle
 
@@ -202,3 +204,29 @@ def test_other_versions_refuse_a_filtered_run_and_keep_the_bundle(tmp_path):
     r = subprocess.run(sweep_cmd(out), env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "Pass --force" in r.stderr, r.stderr[-3000:]
     assert path.read_bytes() == before
+
+
+def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
+    """An entry with a config Helion rejects is not done: resuming puts it back in the queue
+    (the resume decision of a GPU sweep; its config check runs on the CPU)."""
+    from bundles import H200, VERSIONS, bundle, entry
+
+    from autotune_cli.plan import plan
+    from autotune_cli.spec import load_spec
+    from autotune_cli.sweep import Sweep, SweepOptions
+    from kernels.bundle import write_bundle
+
+    spec = load_spec(small_spec(tmp_path))
+    combos = [c for c in plan(spec) if c.kernel == "gated_norm_fwd"][:2]
+    good, bad = (entry(c.kernel, c.dims, c.dtype) for c in combos)
+    bad = bad.model_copy(update={"config": {**bad.config, "bogus_key": 1}})
+    path = tmp_path / "h200" / "tiny.json"
+    write_bundle(bundle(good, bad), path)
+    out = io.StringIO()
+    sweep = Sweep(combos, budget=spec.budget, tolerances=spec.tolerances, target_sku="h200", bundle_name="tiny",
+                  spec_ref=None, options=SweepOptions(out_dir=tmp_path), console=Console(file=out, width=400))
+    resumed, stale = sweep._existing(path, H200, VERSIONS)
+    assert resumed is not None and set(resumed.entries) == {good.key, bad.key}
+    assert stale == {bad.key}
+    assert f"{bad.key}: Helion rejects its config (InvalidConfig: Invalid config keys ['bogus_key']); re-tuning it" \
+        in out.getvalue()

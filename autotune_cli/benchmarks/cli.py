@@ -42,17 +42,17 @@ def _shapes(models: list[str], tp: int, batch: int, seqlen: int) -> list[tuple[s
 
 
 def bench_command(
-    family: Annotated[Family, typer.Option(help="Which kernels to time.")] = Family.norm,
-    model: Annotated[list[str] | None, typer.Option(help="Model preset (repeatable; default: every preset).")] = None,
-    tp: Annotated[list[int] | None, typer.Option(help="Tensor-parallel degree (repeatable; default 1).")] = None,
-    batch: Annotated[int, typer.Option(help="Batch size.", min=1)] = 2,
-    seqlen: Annotated[int, typer.Option(help="Sequence length.", min=1)] = 8192,
-    dtype: Annotated[DtypeChoice, typer.Option(help="Input dtype.")] = DtypeChoice.bf16,
-    json_out: Annotated[Path | None, typer.Option(help="Also write the rows, machine and versions as JSON.",
+    family: Annotated[Family, typer.Option(metavar="norm|ssd|all", help="Which kernels to time.")] = Family.norm,
+    model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset).")] = None,
+    tp: Annotated[list[int] | None, typer.Option(metavar="N", help="Tensor-parallel degree (repeatable; default 1).")] = None,
+    batch: Annotated[int, typer.Option(metavar="N", help="Batch size.", min=1)] = 2,
+    seqlen: Annotated[int, typer.Option(metavar="N", help="Sequence length.", min=1)] = 8192,
+    dtype: Annotated[DtypeChoice, typer.Option(metavar="bf16|fp16|fp32", help="Input dtype.")] = DtypeChoice.bf16,
+    json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the rows, machine and versions as JSON.",
                                                   dir_okay=False)] = None,
-    ssd_stage: Annotated[list[str] | None, typer.Option(
+    ssd_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE", 
         help="SSD rows to time (repeatable; default: all). E.g. total, total_wall, total_seq_idx, bmm.")] = None,
-    config_mode: Annotated[ConfigMode | None, typer.Option(
+    config_mode: Annotated[ConfigMode | None, typer.Option(metavar="exact|nearest|default", 
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""

@@ -13,7 +13,9 @@ from autotune_cli.timing import gpu_median_ms
 # The rows `bench --family ssd` can time (benchmarks/ssd.py documents each).
 SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
               "chunk_scan", "chunk_scan_fused_bmm", "total", "total_split", "total_fused_bmm",
-              "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph")
+              "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph",
+              "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
+              "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
 
 
 def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:

@@ -1,4 +1,4 @@
-"""SSD forward benchmark: ours (configs from the bundles) vs mamba-ssm, stage by stage and whole, in one process.
+"""SSD forward and backward benchmark: ours (configs from the bundles) vs mamba-ssm, stage by stage and whole, in one process.
 
 Inputs are the call the Mamba-2 mixer makes (`autotune_cli.tuning.ssd.inputs.mixer_dims`): D per head,
 dt_bias, dt_softplus, no z, no seq_idx, no initial states, at the given model shapes.
@@ -11,6 +11,14 @@ None for a side that cannot be captured). Ours is also timed with each fusion sw
 sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion replaces.
 "bmm_seq_idx" and "total_seq_idx" repeat F4 and the whole call with packed sequences
 (seq_idx with 4 sequences per row, both sides): ours then masks C B^T after F4 (bmm.py).
+
+Forward+backward (autograd, gradients of x, dt, A, B, C, D, dt_bias for a fixed dy, via
+`torch.autograd.grad`): "fwd_bwd" (do_bench), "fwd_bwd_wall", "fwd_bwd_graph",
+"fwd_bwd_seq_idx"; the fwd_bwd row also carries the peak memory of one step above what was
+allocated before it (`torch.cuda.max_memory_allocated`, MiB) and the number of GPU
+activities (kernels and memsets) one step launches, for both sides. "bwd_*" rows time each
+backward kernel on its tuning record's inputs against the mamba-ssm kernels it replaces
+(the record's baseline).
 
 Rows: model, stage, ours_ms, baseline_ms, ratio (= baseline_ms / ours_ms, > 1: ours faster),
 tflops and gbps of ours (useful work over ours_ms), plus shape and config provenance.
@@ -64,6 +72,65 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
         "total": (f_state + f_cb + f_scan, 2 * x + 2 * bc + b * L * H * e),
         "bmm_seq_idx": (f_cb, 2 * bc + cb + b * L * 4),
     }
+
+
+# Backward rows -> the tuning record they time.
+BWD_KERNELS = {"bwd_state_passing": "ssd_chunk_state_passing_bwd", "bwd_dx": "ssd_chunk_scan_chunk_state_bwd_dx",
+               "bwd_dbdc": "ssd_chunk_state_scan_bwd_dbdc", "bwd_cumsum": "ssd_chunk_cumsum_bwd"}
+GRAD_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias")
+
+
+def fwd_bwd_step(fn: Callable[..., Any], i: SSDInputs, dy: torch.Tensor) -> Callable[[], Any]:
+    """One training step of the SSD alone: forward, then the gradients of GRAD_INPUTS for dy."""
+    leaves = {k: getattr(i, k).detach().clone().requires_grad_() for k in GRAD_INPUTS if getattr(i, k) is not None}
+    kwargs = {**i.kwargs(), **{k: v for k, v in leaves.items() if k in ("D", "dt_bias")}}
+
+    def step() -> Any:
+        with torch.enable_grad():
+            out = fn(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], i.chunk_size, **kwargs)
+            return torch.autograd.grad(out, list(leaves.values()), dy)
+
+    return step
+
+
+def peak_mib(fn: Callable[[], Any]) -> float:
+    """Peak memory of one call above what was allocated before it (MiB)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def gpu_activities(fn: Callable[[], Any]) -> int:
+    """GPU kernels and memsets one call launches (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
+                       stages: Collection[str]) -> dict[str, tuple[float, float | None, str | None]]:
+    from autotune_cli.tuning import get
+
+    out: dict[str, tuple[float, float | None, str | None]] = {}
+    for stage, name in BWD_KERNELS.items():
+        if stage not in stages:
+            continue
+        tk = get(name)
+        dims = tk.dims_for(shape)
+        problem = tk.make_problem(dims, dtype, torch.device("cuda"), 0)
+        ours = gpu_median_ms(lambda tk=tk, args=problem.args: runtime.run(tk, args), rep_ms, warmup_ms=max(rep_ms // 8, 5))
+        base = tk.make_baseline(dims, dtype, torch.device("cuda"), 0) if tk.make_baseline else None
+        out[stage] = (ours, None if base is None else gpu_median_ms(base.fn, rep_ms, warmup_ms=max(rep_ms // 8, 5)), None if base is None else base.name)
+    return out
 
 
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
@@ -130,6 +197,13 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         }
         for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
             base[name] = base["total"]
+    if set(stages) & {"fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx"}:
+        dy = torch.randn_like(i.x)
+        ours["fwd_bwd"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, i, dy)
+        ours["fwd_bwd_seq_idx"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, s, dy)
+        if found is not None:
+            base["fwd_bwd"] = fwd_bwd_step(cmb.mamba_chunk_scan_combined, i, dy)
+            base["fwd_bwd_seq_idx"] = fwd_bwd_step(cmb.mamba_chunk_scan_combined, s, dy)
     work = _work(shape, dtype)
     shape_text = (f"batch={shape.batch} seqlen={shape.seqlen} nheads={shape.nheads} headdim={shape.headdim} "
                   f"ngroups={shape.ngroups} dstate={shape.dstate} chunk_size={shape.chunk_size}")
@@ -138,25 +212,37 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         if stage not in stages:
             continue
         ours_ms = gpu_median_ms(fn, rep_ms, warmup_ms=max(rep_ms // 8, 5))
-        flops, nbytes = work[stage if stage in work else "total"]
+        # Forward+backward rows report time only (their work is not the forward's).
+        flops, nbytes = (0, 0) if stage.startswith("fwd_bwd") else work[stage if stage in work else "total"]
         row: dict[str, Any] = {
             "family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype), "shape": shape_text,
             "ours_ms": ours_ms, "baseline": baseline_name, "baseline_ms": None, "ratio": None,
             "tflops": flops / (ours_ms * 1e-3) / 1e12 if flops else None,
-            "gbps": nbytes / (ours_ms * 1e-3) / 1e9,
+            "gbps": nbytes / (ours_ms * 1e-3) / 1e9 if nbytes else None,
         }
         if stage in base:
             row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=max(rep_ms // 8, 5))
             row["ratio"] = row["baseline_ms"] / ours_ms
+        if stage == "fwd_bwd":
+            row["ours_peak_mib"] = peak_mib(fn)
+            row["ours_gpu_activities"] = gpu_activities(fn)
+            if stage in base:
+                row["baseline_peak_mib"] = peak_mib(base[stage])
+                row["baseline_gpu_activities"] = gpu_activities(base[stage])
         rows.append(row)
+    for stage, (t_ours, t_base, bname) in _bench_bwd_kernels(shape, dtype, rep_ms, stages).items():
+        rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype),
+                     "shape": shape_text, "ours_ms": t_ours, "baseline_ms": t_base, "baseline": bname,
+                     "ratio": None if t_base is None else t_base / t_ours, "tflops": None, "gbps": None})
     # Back-to-back calls of the whole forward: timed on the host, and replayed from a CUDA graph.
-    back_to_back: dict[str, Callable[[Callable[[], Any]], float | None]] = {
-        "total_wall": lambda fn: wall_ms(fn, 50), "total_graph": graph_ms}
-    for stage, timer in back_to_back.items():
+    back_to_back: dict[str, tuple[str, Callable[[Callable[[], Any]], float | None]]] = {
+        "total_wall": ("total", lambda fn: wall_ms(fn, 50)), "total_graph": ("total", graph_ms),
+        "fwd_bwd_wall": ("fwd_bwd", lambda fn: wall_ms(fn, 20)), "fwd_bwd_graph": ("fwd_bwd", graph_ms)}
+    for stage, (what, timer) in back_to_back.items():
         if stage not in stages:
             continue
-        t_ours = timer(ours["total"])
-        t_base = timer(base["total"]) if "total" in base else None
+        t_ours = timer(ours[what])
+        t_base = timer(base[what]) if what in base else None
         rows.append({"family": "ssd", "model": label, "stage": stage, "dtype": dtype_name(dtype),
                      "shape": shape_text, "ours_ms": t_ours, "baseline_ms": t_base, "baseline": baseline_name,
                      "ratio": None if t_base is None or t_ours is None else t_base / t_ours,
@@ -185,14 +271,15 @@ if __name__ == "__main__":
 
     from autotune_cli.presets import MODEL_PRESETS
 
-    parser = argparse.ArgumentParser(description="SSD forward: ours vs mamba-ssm at the model presets")
+    parser = argparse.ArgumentParser(description="SSD forward and backward: ours vs mamba-ssm at the model presets")
     parser.add_argument("--models", nargs="*", default=list(MODEL_PRESETS), help="preset names")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--rep-ms", type=int, default=200)
+    parser.add_argument("--stages", nargs="*", default=list(STAGES), help="rows to time")
     opts = parser.parse_args()
     shapes = [(name, ModelShape(batch=opts.batch, seqlen=opts.seqlen, nheads=m.nheads, headdim=m.headdim,
                                 ngroups=m.ngroups, dstate=m.dstate, chunk_size=m.chunk_size))
               for name, m in ((n, MODEL_PRESETS[n]) for n in opts.models)]
-    for row in bench_ssd(shapes, torch.bfloat16, opts.rep_ms):
+    for row in bench_ssd(shapes, torch.bfloat16, opts.rep_ms, opts.stages):
         print(json.dumps(row), flush=True)

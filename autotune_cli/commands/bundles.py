@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, Command, err, fail, out
 from autotune_cli.kernel_keys import all_keys
 
 if TYPE_CHECKING:
@@ -40,12 +42,15 @@ def _files(paths: list[Path]) -> list[Path]:
 
 
 def validate_command(
-    paths: Annotated[list[Path], typer.Argument(help="Specs (.yaml) and bundles (.json), or folders of them.",
+    paths: Annotated[list[Path], typer.Argument(metavar="PATH", help="Specs (.yaml) and bundles (.json), or folders of them.",
                                                 exists=True)],
     lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
 ) -> None:
-    """Validate sweep specs and config bundles; exit 2 on the first invalid file."""
+    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if Helion rejects a config.
+
+    Specs are checked without torch or helion; a bundle's configs are checked against
+    their kernels' config spaces, which imports both (only when a bundle is given)."""
     from autotune_cli.spec import SpecError, load_spec
     from kernels.bundle import BundleError, load_bundle
 
@@ -57,21 +62,32 @@ def validate_command(
         try:
             if f.suffix in (".yaml", ".yml"):
                 spec = load_spec(f)
-                out.print(f"ok  {f}: spec {spec.name}, {len(spec.models)} model configs, {len(spec.kernels)} kernels")
+                out.print(f"ok  {f}: spec {spec.name}, {len(spec.models)} model configs, {len(spec.kernels)} kernels",
+                          markup=False)
             elif f.suffix == ".json":
                 bundle = load_bundle(f)
                 check_bundle_kernels(bundle, str(f))
                 g = bundle.provenance.gpu
                 msg = f"ok  {f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
+                from autotune_cli.lowering import invalid_configs  # imports torch and helion
+
+                if g.arch == "cpu":  # `sweep --cpu-dry-run`: ref mode, where no config applies
+                    msg += ", configs not checked (CPU dry run)"
+                else:
+                    rejected = invalid_configs(bundle)
+                    for key, why in rejected:
+                        err.print(f"{f}: {key}: Helion rejects the config: {why}", style="red", markup=False)
+                    lowering_failed |= bool(rejected)
+                    msg += f", {len(bundle.entries) - len(rejected)}/{len(bundle.entries)} configs valid"
                 if lower:
                     from autotune_cli.lowering import lower_bundle
 
                     bad = lower_bundle(bundle)
                     for key, why in bad:
-                        err.print(f"[red]{f}: {key}: config does not lower: {why}")
+                        err.print(f"[red]{escape(f'{f}: {key}: config does not lower: {why}')}")
                     lowering_failed |= bool(bad)
                     msg += f", {len(bundle.entries) - len(bad)}/{len(bundle.entries)} configs lower"
-                out.print(msg)
+                out.print(msg, markup=False)
             else:
                 fail(f"{f}: not a spec (.yaml) or bundle (.json)")
         except (SpecError, BundleError) as e:
@@ -99,25 +115,26 @@ def show_command(
     v = p.versions
     out.print(f"{bundle_path}: {p.gpu.name} ({p.gpu.arch}, {p.gpu.sm_count} SMs); helion {v.helion}, "
               f"torch {v.torch}, triton {v.triton}, CUDA {v.cuda}, driver {v.driver}; "
-              f"spec {p.spec.name if p.spec else '-'}; tool {p.tool_version} {p.git_sha or ''}; updated {p.updated}")
+              f"spec {p.spec.name if p.spec else '-'}; tool {p.tool_version} {p.git_sha or ''}; updated {p.updated}",
+              markup=False)
     table = Table()
     for col in ("kernel", "dims", "dtype", "tuned ms", "default ms", "baseline ms", "vs default", "vs baseline",
                 "GB/s", "search"):
         table.add_column(col, overflow="fold")
     for e in bundle.entries.values():
         t, s = e.timing, e.search
-        table.add_row(
+        table.add_row(*map(Text, (  # plain text: data may hold '[...]'
             e.kernel, ",".join(f"{k}={v}" for k, v in e.dims.items()), e.dtype, f"{t.tuned_ms:.4f}",
             f"{t.default_ms:.4f}", "-" if t.baseline_ms is None else f"{t.baseline_ms:.4f}",
             f"{e.speedup.vs_default:.2f}x", "-" if e.speedup.vs_baseline is None else f"{e.speedup.vs_baseline:.2f}x",
             "-" if t.gbps is None else f"{t.gbps:.0f}",
             f"{s.algorithm}/{s.effort} {s.configs_tried or '?'} cfgs {s.seconds:.0f}s",
-        )
+        )))
     out.print(table)
     for key, f in bundle.failures.items():
-        out.print(f"[red]failed[/] {key}: {f.reason}")
+        out.print(f"[red]failed[/] {escape(f'{key}: {f.reason}')}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate_command)
-    app.command("show")(show_command)
+    app.command("validate", cls=Command)(validate_command)
+    app.command("show", cls=Command)(show_command)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
+import typer.core
 from rich.console import Console
 
 from kernels.vocab import DTYPES
@@ -29,6 +30,41 @@ class EffortChoice(str, enum.Enum):
     none = "none"
     quick = "quick"
     full = "full"
+
+
+def _tidy(params: list[Any]) -> list[Any]:
+    # A flag takes no value: no placeholder (typer would print "<bool>" next to it).
+    # An argument is named by its metavar (SPEC, BUNDLE, ...): no "<file>" / "<str>" beside it.
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+        elif isinstance(p, typer.core.TyperArgument) and p.metavar is not None:
+            p.display_type_rich = lambda ctx: None
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    """Every command's class: flags (and --help) show no value placeholder; every option
+    that takes a value names it with an explicit `metavar` (SPEC, DIR, FILE, N, ...)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _tidy(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    """The top-level group, tidied the same way (its --help and --version)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _tidy(super().get_params(ctx))
+
+
+def os_error_text(e: OSError) -> str:
+    """One line for a failed file operation: the path and the system's words for it
+    (a read-only or full disk, a path under a regular file, a missing permission)."""
+    where = e.filename if e.filename is not None else ""
+    if e.filename2 is not None:
+        where += f" -> {e.filename2}"
+    return f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

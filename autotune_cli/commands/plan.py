@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from autotune_cli.commands.common import err, fail, out
+from autotune_cli.commands.common import Command, err, fail, out
 
 
 def plan_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True, dir_okay=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
-    gpus: Annotated[int, typer.Option(help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
+    gpus: Annotated[int, typer.Option(metavar="N", help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
 ) -> None:
     """List the exact, de-duplicated (kernel, shape, dtype) combos of SPEC and estimate the time."""
     from autotune_cli.plan import estimate_seconds_for, plan
@@ -37,20 +39,20 @@ def plan_command(
                        for c in combos],
         }))
         return
-    table = Table(title=f"{spec.name}: {len(combos)} combos for {spec.target.gpu}")
+    table = Table(title=f"{escape(spec.name)}: {len(combos)} combos for {spec.target.gpu}")
     for col in ("#", "kernel", "dims", "dtype", "from"):
         table.add_column(col, overflow="fold")
     for i, c in enumerate(combos, 1):
-        table.add_row(str(i), c.kernel, ",".join(f"{k}={v}" for k, v in c.dims.items()), c.dtype,
-                      "; ".join(c.origins))
+        table.add_row(*map(Text, (str(i), c.kernel, ",".join(f"{k}={v}" for k, v in c.dims.items()), c.dtype,
+                                  "; ".join(c.origins))))
     out.print(table)
     b = spec.budget
     out.print(f"budget: effort {b.effort}, {b.algorithm}, seed {b.seed}"
               + (f", {b.seconds_per_combo} s per combo" if b.seconds_per_combo else ""))
     h, m = divmod(int(total) // 60, 60)
     out.print(f"estimate: about {per / 60:.1f} min per combo, {h}h{m:02d}m in all on {gpus} GPU(s)")
-    err.print(f"run it on a {spec.target.gpu} machine with: mamba-tune sweep {spec_path}")
+    err.print(f"run it on a {spec.target.gpu} machine with: mamba-tune sweep {spec_path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan_command)
+    app.command("plan", cls=Command)(plan_command)

@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.commands.common import EXIT_CHECK_FAILED, err, fail, out
+from autotune_cli.commands.common import EXIT_CHECK_FAILED, Command, err, fail, os_error_text, out
 
 if TYPE_CHECKING:
     from autotune_cli.review.verify import VerifyResult
@@ -30,7 +30,7 @@ class OutputFormat(str, enum.Enum):
     json = "json"
 
 
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), markdown (a PR comment) "
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", metavar="table|markdown|json", help="table (terminal), markdown (a PR comment) "
                                                                         "or json (machines).")]
 
 
@@ -67,7 +67,8 @@ def diff_command(
         fail(str(e))
     regs = None if fail_on_regression is None else d.regressions(result, fail_on_regression)
     if fmt is OutputFormat.json:
-        _print_raw(json.dumps(d.to_json(result, regs, fail_on_regression), indent=2))
+        # allow_nan=False: strict JSON (no NaN/Infinity); bundles with such numbers are invalid input.
+        _print_raw(json.dumps(d.to_json(result, regs, fail_on_regression), indent=2, allow_nan=False))
     elif fmt is OutputFormat.markdown:
         _print_raw(d.to_markdown(result, regs, fail_on_regression))
     else:
@@ -84,13 +85,14 @@ def diff_command(
 def check_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True,
                                               dir_okay=False)],
-    bundles: Annotated[Path, typer.Option(help="Bundle root: the bundles checked are BUNDLES/<target sku>/*.json.",
+    bundles: Annotated[Path, typer.Option(metavar="DIR", help="Bundle root: the bundles checked are DIR/SKU/*.json, "
+                                                              "SKU the spec's target GPU.",
                                           exists=True, file_okay=False)],
-    helion_version: Annotated[str | None, typer.Option(
+    helion_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected helion version (default: the one recorded in the newest bundle of the set).")] = None,
-    torch_version: Annotated[str | None, typer.Option(
+    torch_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected torch version; '2.11.0' also matches '2.11.0+cu130' (default: newest bundle's).")] = None,
-    triton_version: Annotated[str | None, typer.Option(
+    triton_version: Annotated[str | None, typer.Option(metavar="VERSION", 
         help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -123,7 +125,7 @@ def _verify_table(result: VerifyResult, source: str) -> Table:
         return "-" if v is None else f"{v:.4f}"
 
     ok = len(result.results) - len(result.failed)
-    table = Table(title=f"verify {source}: {ok}/{len(result.results)} ok")
+    table = Table(title=f"verify {escape(source)}: {ok}/{len(result.results)} ok")
     for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
         table.add_column(col, overflow="fold")
     for r in result.results:
@@ -137,19 +139,19 @@ def _verify_table(result: VerifyResult, source: str) -> Table:
 def verify_command(
     bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
                                                 dir_okay=False)],
-    json_out: Annotated[Path | None, typer.Option(help="Also write the results (GPU, versions, per-entry timings "
+    json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the results (GPU, versions, per-entry timings "
                                                        "and errors) as JSON to this file.", dir_okay=False)] = None,
-    noise_pct: Annotated[float, typer.Option(
+    noise_pct: Annotated[float, typer.Option(metavar="PCT", 
         min=0.0, help="The tuned config fails if it is slower than the kernel's default config by more than this "
                       "many percent (timing noise).")] = 3.0,
-    regression_pct: Annotated[float, typer.Option(
+    regression_pct: Annotated[float, typer.Option(metavar="PCT", 
         min=0.0, help="The tuned config fails if it is slower than its recorded tuned_ms by more than this "
                       "many percent (e.g. after a helion or triton upgrade).")] = 10.0,
     allow_arch_mismatch: Annotated[bool, typer.Option(
         help="Verify even if this GPU's compute capability differs from the bundle's.")] = False,
-    kernel: Annotated[list[str] | None, typer.Option(
+    kernel: Annotated[list[str] | None, typer.Option(metavar="KERNEL", 
         help="Only entries of this kernel (repeatable; default: every entry).")] = None,
-    seed: Annotated[int | None, typer.Option(
+    seed: Annotated[int | None, typer.Option(metavar="SEED", 
         min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
                     "checked it).")] = None,
 ) -> None:
@@ -186,8 +188,11 @@ def verify_command(
               f"triton {hv.triton}", markup=False)
     out.print(_verify_table(result, str(bundle_path)))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(result.to_json(str(bundle_path)), indent=2) + "\n")
+        except OSError as e:
+            fail(f"--json-out: cannot write {os_error_text(e)}")
         err.print(f"wrote {json_out}", markup=False)
     if result.failed:
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -199,10 +204,10 @@ def verify_command(
 def report_command(
     bundle_path: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle (.json).", exists=True,
                                                 dir_okay=False)],
-    out_dir: Annotated[Path, typer.Option("-o", "--out", help="Folder for the PNG plots and report.md (created).",
+    out_dir: Annotated[Path, typer.Option("-o", "--out", metavar="DIR", help="Folder for the PNG plots and report.md (created).",
                                           file_okay=False)],
 ) -> None:
-    """Speedup plots (PNG, one per kernel) and a markdown summary (OUT/report.md) of BUNDLE."""
+    """Speedup plots (PNG, one per kernel) and a markdown summary (DIR/report.md) of BUNDLE."""
     from autotune_cli.review.report import ReportDependencyError, write_report
     from kernels.bundle import BundleError, load_bundle
 
@@ -211,12 +216,14 @@ def report_command(
         written = write_report(bundle, str(bundle_path), out_dir)
     except (BundleError, ReportDependencyError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot write the report: {os_error_text(e)}")
     for path in written:
         out.print(str(path), markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("diff")(diff_command)
-    app.command("check")(check_command)
-    app.command("verify")(verify_command)
-    app.command("report")(report_command)
+    app.command("diff", cls=Command)(diff_command)
+    app.command("check", cls=Command)(check_command)
+    app.command("verify", cls=Command)(verify_command)
+    app.command("report", cls=Command)(report_command)

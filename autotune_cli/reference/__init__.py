@@ -12,6 +12,7 @@ from autotune_cli.reference.ssd import (
     ssd_recurrent_ref,
     state_passing_ref,
 )
+from autotune_cli.reference.ssd_bwd import ssd_chunked_grads
 
 __all__ = [
     "bmm_chunk_ref",
@@ -20,6 +21,7 @@ __all__ = [
     "chunk_state_ref",
     "gated_norm_ref",
     "gated_norm_stats_ref",
+    "ssd_chunked_grads",
     "ssd_chunked_ref",
     "ssd_dt_ref",
     "ssd_recurrent_ref",

@@ -6,7 +6,10 @@ entry with its key and that bundle
 - was tuned on the spec's target SKU and arch (provenance.gpu),
 - records, for the entry's kernel, the source hash of the kernel as it is in this
   checkout (provenance.kernels[kernel].source_sha256 == KernelKey.source_sha256()),
-- was tuned with the expected helion, torch and triton versions.
+- was tuned with the expected helion, torch and triton versions,
+- holds a config that Helion accepts for the kernel at the entry's dims (checked on the
+  CPU, `autotune_cli.lowering.config_problem`; only this part imports torch and helion,
+  and only when a bundle entry is checked).
 
 The version rule (CI runs this on a CPU box, which cannot see the GPU machine's stack):
 the expected version of each package is the one given as an option (--helion-version
@@ -36,7 +39,7 @@ from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
-from kernels.bundle import Bundle, find_bundles, load_bundle
+from kernels.bundle import Bundle, Entry, find_bundles, load_bundle
 
 PACKAGES = ("helion", "torch", "triton")
 
@@ -118,6 +121,14 @@ def _bundle_problems(bundle: Bundle, sku: str, expected: Expected) -> list[str]:
     return problems
 
 
+def _config_problem(entry: Entry) -> str | None:
+    """Why Helion rejects the entry's config at its dims (None: accepted); see `autotune_cli.lowering`."""
+    from autotune_cli.lowering import config_problem  # imports torch and helion
+    from autotune_cli.tuning import all_kernels
+
+    return config_problem(all_kernels()[entry.kernel], entry)
+
+
 def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None = None) -> CheckResult:
     """Coverage of `spec` by the bundles under `root/<target sku>/` (BundleError on a bad bundle)."""
     sku = spec.target.gpu
@@ -142,6 +153,10 @@ def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None =
             elif prov.source_sha256 != hashes[combo.kernel]:
                 why.append(f"kernel {combo.kernel} changed since tuning (source {prov.source_sha256[:12]} "
                            f"!= current {hashes[combo.kernel][:12]})")
+            if not why:
+                rejected = _config_problem(b.entries[combo.key])
+                if rejected is not None:
+                    why.append(f"Helion rejects its config: {rejected}")
             if not why:
                 covered_by = path
                 break
@@ -184,7 +199,7 @@ def to_json(r: CheckResult) -> dict[str, Any]:
 
 
 def dumps_json(r: CheckResult) -> str:
-    return json.dumps(to_json(r), indent=2) + "\n"
+    return json.dumps(to_json(r), indent=2, allow_nan=False) + "\n"
 
 
 def to_markdown(r: CheckResult) -> str:
@@ -193,7 +208,7 @@ def to_markdown(r: CheckResult) -> str:
     if bad:
         lines += ["| status | combo | why |", "|---|---|---|"]
         for c in bad:
-            why = "<br>".join(x.replace("|", "\\|") for x in c.reasons)
+            why = "<br>".join(line.replace("|", "\\|") for x in c.reasons for line in x.splitlines())
             # GFM splits table cells at '|' even inside code spans: escape the key's pipes.
             key = c.key.replace("|", "\\|")
             lines.append(f"| {c.status} | `{key}` | {why} |")

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -434,7 +435,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
             continue
         note = {"added": " (new bundle)", "removed": " (bundle removed)", "both": ""}[b.status]
         if b.provenance:
-            t = Table(title=f"{b.path}: provenance")
+            t = Table(title=f"{escape(b.path)}: provenance")
             for col in ("field", "old", "new"):
                 t.add_column(col, overflow="fold")
             for c in b.provenance:
@@ -442,7 +443,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
             parts.append(t)
         rows = [e for e in b.entries if e.kind != "unchanged"]
         if rows:
-            t = Table(title=f"{b.path}{note}: entries")
+            t = Table(title=f"{escape(b.path + note)}: entries")
             for col in ("change", "entry", "config", "tuned ms", "vs default", "vs baseline"):
                 t.add_column(col, overflow="fold")
             style = {"added": "green", "removed": "red", "changed": "yellow"}
@@ -452,7 +453,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
                           _speedup_cell(e, "vs_default"), _speedup_cell(e, "vs_baseline"))
             parts.append(t)
         if b.failures:
-            t = Table(title=f"{b.path}: failures")
+            t = Table(title=f"{escape(b.path)}: failures")
             for col in ("change", "entry", "reason"):
                 t.add_column(col, overflow="fold")
             for f in b.failures:

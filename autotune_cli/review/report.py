@@ -99,8 +99,9 @@ def _x(v: float | None) -> str:
 
 
 def _md(text: str) -> str:
-    # GFM splits table cells at '|' even inside code spans (entry keys are full of them).
-    return text.replace("|", "\\|")
+    # GFM splits table cells at '|' even inside code spans (entry keys are full of them),
+    # and a newline ends the row: a multi-line failure reason stays in its cell as <br>.
+    return "<br>".join(text.replace("|", "\\|").splitlines())
 
 
 def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:

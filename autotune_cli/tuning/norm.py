@@ -19,10 +19,11 @@ from kernels.norm import gated
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:
     # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
-    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, fp32 weight.
+    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias; the weight fp32,
+    # or in the inputs' dtype for a module built in bf16 (the spec's norm_weight_dtypes).
     d = shape.nheads * shape.headdim
     return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
-            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": 1}
+            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": int(shape.norm_weight_fp32)}
 
 
 class _NormInputs:

@@ -1,12 +1,15 @@
-"""Mamba-2 SSD family: the forward of mamba-ssm's `mamba_chunk_scan_combined`, one file per stage.
+"""Mamba-2 SSD family: mamba-ssm's `mamba_chunk_scan_combined` forward and backward, one file per stage.
 
 chunk_cumsum (F1) -> chunk_state (F2) -> state_passing (F3, a parallel scan) -> bmm (F4)
 -> chunk_scan (F5); chunk_state_passing fuses F2 + F3 (walking the chunks in order);
-combined.py chains them. Each stage's public function is named like
-mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and each declares its
-kernel's runtime record (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
-ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan); their tuning records are in
-`autotune_cli/tuning/ssd/`.
+combined.py chains them and holds the autograd Function, whose backward runs
+chunk_state_passing_bwd (B2+B3) -> chunk_scan_chunk_state_bwd_dx (B1+B4+B9) ->
+chunk_state_scan_bwd_dbdc (B5-B8) -> chunk_cumsum_bwd (B10). Each stage's public function
+is named like mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and each file
+declares its kernels' runtime records (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
+ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan, ssd_chunk_state_passing_bwd,
+ssd_chunk_scan_chunk_state_bwd_dx, ssd_chunk_state_scan_bwd_dbdc, ssd_chunk_cumsum_bwd);
+their tuning records are in `autotune_cli/tuning/ssd/`.
 """
 
 from kernels.ssd.bmm import bmm_chunk_fwd
@@ -14,7 +17,7 @@ from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from kernels.ssd.chunk_scan import chunk_scan_fwd
 from kernels.ssd.chunk_state import chunk_state_fwd
 from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
-from kernels.ssd.combined import mamba_chunk_scan_combined, ssd_forward
+from kernels.ssd.combined import mamba_chunk_scan_combined, ssd_backward, ssd_forward
 from kernels.ssd.state_passing import state_passing_fwd
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "chunk_state_fwd",
     "chunk_state_passing_fwd",
     "mamba_chunk_scan_combined",
+    "ssd_backward",
     "ssd_forward",
     "state_passing_fwd",
 ]

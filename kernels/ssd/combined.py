@@ -8,22 +8,34 @@ Two fusions are options of `ssd_forward`, so that each path can be measured:
 - `fuse_bmm`: F5 recomputes C B^T in registers and F4 is not launched (chunk_scan.py).
 The defaults below are what measured fastest (see their comments).
 
-Forward only: the SSD backward is not written yet, so a call that would need it raises.
+The backward (`ssd_backward`, run by `mamba_chunk_scan_combined` through autograd) recomputes
+F1, F2 + F3 and F4 from the saved inputs (the forward saves no intermediate and no output),
+then runs four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks),
+chunk_scan_chunk_state_bwd_dx (B1 + B4 + B9: dx, dz, dD, per-position ddt/ddA sums),
+chunk_state_scan_bwd_dbdc (B5-B8: dB, dC) and chunk_cumsum_bwd (B10 and ddA's glue). Every
+reduction has a fixed order (no atomics), so gradients are bitwise reproducible.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import helion
 import torch
 
 from kernels import vocab
 from kernels.ssd import (
     bmm,
     chunk_cumsum,
+    chunk_cumsum_bwd,
     chunk_scan,
+    chunk_scan_chunk_state_bwd_dx,
     chunk_state,
     chunk_state_passing,
+    chunk_state_passing_bwd,
+    chunk_state_scan_bwd_dbdc,
+    chunk_state_varlen,
     common,
     state_passing,
 )
@@ -130,7 +142,9 @@ def ssd_forward(
     return out, final_states
 
 
-def mamba_chunk_scan_combined(
+def ssd_backward(
+    dy: torch.Tensor,
+    dfinal_states: torch.Tensor | None,
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -144,9 +158,86 @@ def mamba_chunk_scan_combined(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+) -> dict[str, torch.Tensor | None]:
+    """Gradients of `ssd_forward`'s (out, final_states) for output gradients (dy, dfinal_states).
+
+    Returns {"x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"}: each in its
+    input's dtype and shape, None where the input is None.
+    """
+    _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    common.check_shape("dout", dy, tuple(x.shape), "batch, seqlen, nheads, headdim")
+    dy = dy.to(x.dtype).contiguous()
+    Bx, Cx = B.to(x.dtype), C.to(x.dtype)
+    # Recompute the forward's intermediates (F1, F2 + F3, F4): nothing but inputs was saved.
+    dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+    prev_states, _ = chunk_state_passing._launch(Bx, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
+    cb = bmm._launch(Cx, Bx, chunk_size, seq_idx)
+    dstates, ddA_last, dinit = chunk_state_passing_bwd._launch(dy, z, Cx, dA_cumsum, prev_states, dfinal_states,
+                                                               seq_idx)
+    dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,
+                                                             dstates, D, seq_idx)
+    dB, dC = chunk_state_scan_bwd_dbdc._launch(dy, z, x, Bx, Cx, dt_out, dA_cumsum, prev_states, dstates, seq_idx)
+    ddt, dA, ddt_bias = chunk_cumsum_bwd._launch(rows, ddA_last, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
+    if D is not None and dD is not None:
+        dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)
+    return {
+        "x": dx, "dt": ddt, "A": dA.to(A.dtype), "B": dB.to(B.dtype), "C": dC.to(C.dtype), "D": dD,
+        "z": dz, "dt_bias": None if dt_bias is None or ddt_bias is None else ddt_bias.to(dt_bias.dtype),
+        "initial_states": None if initial_states is None else dinit.to(initial_states.dtype),
+    }
+
+
+class _MambaChunkScanCombined(torch.autograd.Function):
+    """Autograd for the SSD: saves the inputs only (mamba-ssm also saves the output)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
+                dt_limit: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                        initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                        dt_limit=dt_limit)
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        ctx.chunk_size, ctx.dt_softplus, ctx.dt_limit = chunk_size, dt_softplus, dt_limit
+        return out, final_states
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+        if x.is_cuda:
+            # Autograd runs CUDA backwards on its own thread, where Triton's allocator (a
+            # context variable Helion sets when a kernel's code loads, on the forward's thread)
+            # is unset: kernels using TMA descriptors then fail to launch (seen on the H200).
+            helion.runtime.set_triton_allocator()
+        if dout is None:
+            dout = torch.zeros_like(x)
+        g = ssd_backward(dout, dfinal, x, dt, A, B, C, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias,
+                         initial_states=initial_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus,
+                         dt_limit=ctx.dt_limit)
+        return (g["x"], g["dt"], g["A"], g["B"], g["C"], None, g["D"], g["z"], g["dt_bias"], g["initial_states"],
+                None, None, None)
+
+
+def mamba_chunk_scan_combined(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     return_final_states: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Mamba-2 SSD forward, drop-in for `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`.
+    return_varlen_states: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Mamba-2 SSD, drop-in for `mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined` (with autograd).
 
     x: (batch, seqlen, nheads, headdim)
     dt: (batch, seqlen, nheads)
@@ -159,14 +250,31 @@ def mamba_chunk_scan_combined(
     initial_states: (batch, nheads, headdim, dstate)
     seq_idx: (batch, seqlen) int, nondecreasing ids of packed sequences: the state resets
         where it changes (initial_states belongs to sequence 0)
-    Returns out (batch, seqlen, nheads, headdim) in x's dtype, and with return_final_states
-    also final_states (batch, nheads, headdim, dstate) fp32.
+    cu_seqlens: (num_sequences + 1,) int, read only with return_varlen_states (batch 1)
+    Returns out (batch, seqlen, nheads, headdim) in x's dtype, then with return_final_states
+    final_states (batch, nheads, headdim, dstate) fp32, then with return_varlen_states
+    varlen_states (num_sequences, nheads, headdim, dstate) in x's dtype: each sequence's
+    state at its end (see chunk_state_varlen.py).
 
-    Forward only: raises NotImplementedError when autograd would need the backward.
+    Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states (and through
+    final_states); the backward is deterministic (bitwise equal across runs).
     """
-    common.check_no_grad("mamba_chunk_scan_combined", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                         initial_states=initial_states)
-    out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                                    initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
-                                    dt_limit=dt_limit)
-    return (out, final_states) if return_final_states else out
+    if return_varlen_states:
+        chunk_state_varlen.check_varlen(x, cu_seqlens)
+    tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        out, final_states = _MambaChunkScanCombined.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                                          seq_idx, dt_softplus, dt_limit)
+    else:
+        out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                        initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                        dt_limit=dt_limit)
+    if not return_varlen_states:  # mamba-ssm ignores cu_seqlens then
+        return (out, final_states) if return_final_states else out
+    # mamba-ssm's backward refuses calls with return_varlen_states; here out and final_states
+    # stay differentiable and varlen_states (inference prefill) carries no gradient.
+    with torch.no_grad():
+        varlen = chunk_state_varlen.varlen_states(x, dt, A, B, chunk_size, cu_seqlens, dt_bias=dt_bias,
+                                                  initial_states=initial_states, seq_idx=seq_idx,
+                                                  dt_softplus=dt_softplus, dt_limit=dt_limit)
+    return (out, final_states, varlen) if return_final_states else (out, varlen)

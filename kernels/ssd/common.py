@@ -10,10 +10,16 @@ the key dims the declarations share. (The tuning side's inputs and baselines are
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from kernels import vocab
+from kernels import ref_mode, vocab
+
+# Every SSD stage imports this module: their tensor-core dots run on CPU tensors in
+# Helion ref mode (tests, `mamba-tune sweep --cpu-dry-run`) from here on.
+ref_mode.install_cpu_dot()
 
 # Bundle-key dims shared by the SSD kernels (each kernel keeps the ones it depends on).
 SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
@@ -96,15 +102,6 @@ def check_chunk_inputs(x: torch.Tensor, bc_name: str, bc: torch.Tensor, dt: torc
     return batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks
 
 
-def check_no_grad(where: str, **tensors: torch.Tensor | None) -> None:
-    needs = [name for name, t in tensors.items() if t is not None and t.requires_grad]
-    if needs and torch.is_grad_enabled():
-        raise NotImplementedError(
-            f"{where}: the SSD backward is not implemented yet, but {', '.join(needs)} require grad; "
-            "call under torch.no_grad() or detach the inputs"
-        )
-
-
 def expand_D(D: torch.Tensor | None, nheads: int, headdim: int) -> torch.Tensor | None:
     """D (nheads,) or (nheads, headdim) -> a (nheads, headdim) view (stride 0 over headdim for per-head D)."""
     if D is None:
@@ -115,3 +112,18 @@ def expand_D(D: torch.Tensor | None, nheads: int, headdim: int) -> torch.Tensor 
         return D
     raise ValueError(f"ssd: D shape {tuple(D.shape)} is neither (nheads,) = ({nheads},) "
                      f"nor (nheads, headdim) = ({nheads}, {headdim})")
+
+
+# --- default configs ------------------------------------------------------------------
+
+
+def clamped_default(block_sizes: list[int], block_dims: tuple[str, ...], num_warps: int,
+                    num_stages: int) -> Callable[[dict[str, int]], dict[str, Any]]:
+    """A kernel's default config: these block sizes, each cut to its dim's next power of two
+    (at least 16, the dots' minimum), so that small test shapes get valid blocks too."""
+    def config(dims: dict[str, int]) -> dict[str, Any]:
+        sizes = [min(bs, max(16, 1 << (int(dims[d]) - 1).bit_length())) for bs, d in zip(block_sizes, block_dims,
+                                                                                       strict=True)]
+        return {"block_sizes": sizes, "num_warps": num_warps, "num_stages": num_stages}
+
+    return config

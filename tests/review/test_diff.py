@@ -278,3 +278,27 @@ def test_invalid_bundle_inputs(tmp_path: Path) -> None:
     assert "html" in res.output
     res = runner.invoke(app, ["diff", str(good), str(good), "--fail-on-regression", "-5"])
     assert res.exit_code == 2
+
+
+def test_table_prints_markup_in_paths_as_text(tmp_path: Path) -> None:
+    name = "h200/[bold]a[/x].json"
+    fx.write(fx.bundle([fx.entry(tuned=0.1)]), tmp_path / "old" / name)
+    fx.write(fx.bundle([fx.entry(tuned=0.2)], versions=fx.VERSIONS.model_copy(update={"triton": "9.9.9"})),
+             tmp_path / "new" / name)
+    res = runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "new")])
+    assert res.exit_code == 0, res.output
+    assert f"{name}: entries" in res.stdout and f"{name}: provenance" in res.stdout
+
+
+def test_non_finite_numbers_are_bad_input_not_invalid_json_output(tmp_path: Path) -> None:
+    good = fx.write(fx.bundle([fx.entry()]), tmp_path / "good.json")
+    data = json.loads(good.read_text())
+    next(iter(data["entries"].values()))["speedup"]["vs_default"] = float("nan")
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(data))  # Python writes NaN, which is not JSON
+    res = runner.invoke(app, ["diff", str(good), str(nan), "--format", "json"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip().splitlines() == [f"error: {nan}: not valid JSON: NaN is not a JSON number"]
+    assert res.stdout == ""
+    res = runner.invoke(app, ["show", str(nan)])  # never a "nanx" speedup
+    assert res.exit_code == 2 and "nanx" not in res.output

@@ -56,6 +56,19 @@ def test_report_files(tmp_path: Path) -> None:
     assert fx.assert_md_tables(md) == 4  # two kernels, failures, provenance
 
 
+def test_multi_line_failure_reasons_stay_in_their_table_cell(tmp_path: Path) -> None:
+    reason = "worker exited with code 1\nTraceback:\r\n  File x | y\nboom"
+    b = report_bundle()
+    b = b.model_copy(update={"failures": {k: f.model_copy(update={"reason": reason}) for k, f in b.failures.items()}})
+    src = fx.write(b, tmp_path / "h200" / "nano.json")
+    res = runner.invoke(app, ["report", str(src), "-o", str(tmp_path / "report")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    (row,) = [line for line in md.splitlines() if "worker exited" in line]
+    assert row.endswith("| worker exited with code 1<br>Traceback:<br>  File x \\| y<br>boom |"), row
+    assert fx.assert_md_tables(md) == 4
+
+
 def test_shape_labels_show_the_dims_that_vary() -> None:
     es = [fx.entry(dims=fx.norm_dims(r, d=d)) for r, d in ((4096, 2048), (8192, 2048), (8192, 4096))]
     assert shape_labels(es) == ["rows=4096\nd=2048", "rows=8192\nd=2048", "rows=8192\nd=4096"]

@@ -42,7 +42,7 @@ def test_parses_with_both_jobs() -> None:
     data = load()
     triggers = data.get("on", data.get(True))  # YAML 1.1 reads a bare `on` as true
     assert {"pull_request", "workflow_dispatch"} <= set(triggers)
-    assert set(data["jobs"]) == {"coverage", "tune"}
+    assert set(data["jobs"]) == {"coverage", "tune", "comment"}
     tune = data["jobs"]["tune"]
     include = tune["strategy"]["matrix"]["include"]
     assert {m["sku"] for m in include} >= {"h200"}
@@ -53,6 +53,32 @@ def test_parses_with_both_jobs() -> None:
     uses = {step.get("uses", "").split("@")[0] for job in data["jobs"].values() for step in job["steps"]}
     assert "actions/upload-artifact" in uses
     assert any("gh pr comment" in s for s in run_scripts(data))
+
+
+def test_pr_code_gets_no_credentials_and_new_commits_need_a_new_approval() -> None:
+    data = load()
+    jobs = data["jobs"]
+    # The workflow's token only reads; only the job that posts comments may write to PRs.
+    assert data["permissions"] == {"contents": "read"}
+    for name, job in jobs.items():
+        writes = {k for k, v in job.get("permissions", {}).items() if v == "write"}
+        assert writes <= ({"pull-requests"} if name == "comment" else set()), name
+    # No checkout leaves the token in .git/config for the PR's code.
+    checkouts = [s for job in jobs.values() for s in job["steps"] if s.get("uses", "").startswith("actions/checkout")]
+    assert checkouts and all(s.get("with", {}).get("persist-credentials") is False for s in checkouts)
+    # Self-hosted runs of PR code wait for an environment's required reviewers on every run.
+    assert jobs["tune"]["environment"] == "gpu-tuning"
+    assert "synchronize" in data.get("on", data.get(True))["pull_request"]["types"]
+    # gh runs only where no PR code was checked out or installed, by absolute path.
+    for name, job in jobs.items():
+        gh = [s for s in job["steps"] if "gh " in s.get("run", "")]
+        if not gh:
+            continue
+        assert name == "comment" and not any("checkout" in s.get("uses", "") for s in job["steps"])
+        assert not any("pip" in s.get("run", "") or "GITHUB_PATH" in s.get("run", "") for s in job["steps"])
+        assert all(re.search(r"(^|\s)/usr/bin/gh ", s["run"], re.M) for s in gh)
+        assert all("GH_TOKEN" in s.get("env", {}) for s in gh)
+    assert not any("GH_TOKEN" in s.get("env", {}) for name, j in jobs.items() if name != "comment" for s in j["steps"])
 
 
 def test_every_mamba_tune_call_exists() -> None:

@@ -1,4 +1,4 @@
-"""Every SSD kernel lowers to Triton for its default config: Helion's real compiler front end, no GPU.
+"""Every SSD kernel (forward and backward) lowers to Triton for its default config: Helion's real compiler front end, no GPU.
 
 Ref mode accepts kernel bodies that compiled mode rejects (a host tensor inside hl.tile, a
 conditional expression over an optional tensor, ...), so each kernel is also lowered at
@@ -27,9 +27,10 @@ SHAPES = {
     "H1-P64-N128": (1, 64, 1, 64, 1, 128, 64),  # one head, exact chunks
 }
 NEMOTRON_NANO = (2, 8192, 64, 64, 8, 128, 128)
-FLAGS = ("has_dt_bias", "dt_softplus", "has_D", "has_z", "has_seq_idx", "has_initial_states")
+FLAGS = ("has_dt_bias", "dt_softplus", "has_D", "has_z", "has_seq_idx", "has_initial_states", "has_dfinal")
 STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_bmm",
-          "ssd_chunk_scan")
+          "ssd_chunk_scan", "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
+          "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd")
 
 
 def _dims(shape: tuple[int, ...], flags: int, fused: int) -> dict[str, int]:

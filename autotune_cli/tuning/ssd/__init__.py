@@ -3,9 +3,13 @@
 from autotune_cli.tuning.ssd import (
     bmm,
     chunk_cumsum,
+    chunk_cumsum_bwd,
     chunk_scan,
+    chunk_scan_chunk_state_bwd_dx,
     chunk_state,
     chunk_state_passing,
+    chunk_state_passing_bwd,
+    chunk_state_scan_bwd_dbdc,
     state_passing,
 )
 
@@ -16,4 +20,8 @@ KERNELS = (
     chunk_state_passing.SSD_CHUNK_STATE_PASSING,
     bmm.SSD_BMM,
     chunk_scan.SSD_CHUNK_SCAN,
+    chunk_state_passing_bwd.SSD_CHUNK_STATE_PASSING_BWD,
+    chunk_scan_chunk_state_bwd_dx.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
+    chunk_state_scan_bwd_dbdc.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
+    chunk_cumsum_bwd.SSD_CHUNK_CUMSUM_BWD,
 )

@@ -1,0 +1,108 @@
+"""Tuning record of `kernels/ssd/chunk_cumsum_bwd.py` (B10 of the SSD backward): inputs at a shape, the fp32 check, the baseline, seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autotune_cli.reference import chunk_cumsum_ref
+from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from kernels.ssd import chunk_cumsum_bwd as kernel
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
+
+
+class _StageInputs:
+    """dt, A, dt_bias as the combined call draws them; the per-position sums (rows) and the
+    state passing's d dA_last seeded (this stage does not care where they come from; zero
+    past seqlen, as the dx kernel leaves them)."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        small = {**bwd_inputs.MIXER_FLAGS, **dims, "headdim": 16, "ngroups": 1, "dstate": 16}
+        self.inp = i = inputs.SSDInputs.make(small, dtype, device, seed)
+        _, self.dt_out = chunk_cumsum_ref(i.dt, i.A, i.chunk_size, i.dt_bias, i.dt_softplus, i.dt_limit)
+        b, H, nc, Q = self.dt_out.shape
+        gen = torch.Generator(device="cpu").manual_seed(seed + 3)
+        valid = (torch.arange(nc * Q) < i.x.shape[1]).float()
+        self.rows = (torch.randn(3, 1, b, H, nc * Q, generator=gen) * valid).to(device)
+        self.ddA_last = torch.randn(1, b, H, nc, generator=gen).to(device)
+
+    def ref(self) -> dict[str, torch.Tensor]:
+        """The gradients through F1 (fp32 in every implementation: one reference for both bounds)."""
+        i = self.inp
+        b, H, nc, Q = self.dt_out.shape
+        leaves = {"dt": i.dt.detach().clone().requires_grad_(), "A": i.A.detach().clone().requires_grad_()}
+        if i.dt_bias is not None:
+            leaves["dt_bias"] = i.dt_bias.detach().clone().requires_grad_()
+        r = self.rows.sum(1).view(3, b, H, nc, Q)
+        ddA = r[2] - self.dt_out * r[0]
+        ddA[..., -1] += (self.dt_out * r[1]).sum(-1) + self.ddA_last.sum(0)
+        with torch.enable_grad():
+            dA, dt_out = chunk_cumsum_ref(leaves["dt"], leaves["A"], i.chunk_size, leaves.get("dt_bias"),
+                                          i.dt_softplus, i.dt_limit)
+            grads = torch.autograd.grad([dA, dt_out], list(leaves.values()), [ddA, r[0]])
+        return {{"dt": "ddt", "A": "dA", "dt_bias": "ddt_bias"}[k]: g.float() for k, g in zip(leaves, grads,
+                                                                                             strict=True)}
+
+
+def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    s = _StageInputs(dims, dtype, device, seed)
+    i = s.inp
+    args = (s.rows, s.ddA_last, i.dt, i.A, i.dt_bias, *map(float, i.dt_limit), i.chunk_size, i.dt_softplus)
+
+    def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {"ddt": res[0].float(), "dA": res[1].sum(dim=(0, 1))}
+        if i.dt_bias is not None:
+            out["ddt_bias"] = res[2].sum(dim=(0, 1))
+        return out
+
+    return Problem(
+        args=args,
+        reference=s.ref,
+        lowp_reference=s.ref,
+        outputs=outputs,
+        bytes_moved=s.rows.numel() * 4 + 2 * i.dt.numel() * i.dt.element_size(),
+    )
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    found = inputs.mamba_ssm_ops()
+    if found is None or device.type != "cuda":
+        return None
+    mods, name = found
+    s = _StageInputs(dims, dtype, device, seed)
+    i = s.inp
+    b, H, nc, Q = s.dt_out.shape
+    ddA = s.rows[2, 0].view(b, H, nc, Q)
+    ddt_out = s.rows[0, 0].view(b, H, nc, Q)
+    ddA_next = torch.zeros_like(ddA)
+    dA_last = s.ddA_last[0]
+
+    # mamba-ssm's glue (flip-cumsum-flip, adds) and its cumsum backward kernel.
+    def fn() -> Any:
+        prev = ddA.clone()
+        prev[..., -1] += dA_last
+        d = ddA_next + prev.flip([-1]).cumsum(dim=-1).flip([-1])
+        return mods["chunk_state"]._chunk_cumsum_bwd(d, ddt_out, i.dt, i.A, dt_bias=i.dt_bias,
+                                                     dt_softplus=i.dt_softplus, dt_limit=i.dt_limit)
+
+    return Baseline(name, fn)
+
+
+# block_sizes = [heads per program].
+_SEEDS = inputs.fixed_seeds([([16], 4, 2), ([8], 4, 2), ([32], 4, 2)])
+
+
+SSD_CHUNK_CUMSUM_BWD = TunableKernel(
+    runtime=kernel.SSD_CHUNK_CUMSUM_BWD,
+    dims_for=_dims_for,
+    make_problem=_make_problem,
+    make_baseline=_baseline,
+    seed_configs=_SEEDS,
+    description="SSD B10 with its glue: ddA assembled per position, reverse cumsum, ddt through clamp and "
+                    "softplus, dA and ddt_bias partials (mamba-ssm _chunk_cumsum_bwd_kernel + torch ops)",
+)

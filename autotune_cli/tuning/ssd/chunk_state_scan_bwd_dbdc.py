@@ -1,0 +1,79 @@
+"""Tuning record of `kernels/ssd/chunk_state_scan_bwd_dbdc.py` (B5-B8 of the SSD backward): inputs at a shape, the fp32 check, the baseline, seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from kernels.ssd import chunk_state_scan_bwd_dbdc as kernel
+
+
+def _dims_for(shape: ModelShape) -> dict[str, int]:
+    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
+
+
+def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    s = bwd_inputs.StageInputs.make(dims, dtype, device, seed)
+    i = s.inp
+    dstates = s.dstates_lowp
+    args = (s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates, i.seq_idx)
+
+    def ref(lowp: bool) -> dict[str, torch.Tensor]:
+        g = s.stage_grads(lowp)
+        return {"dB": g["B"].float(), "dC": g["C"].float()}
+
+    b, L, H, P = i.x.shape
+    G, N = i.C.shape[2], i.C.shape[3]
+    e = i.x.element_size()
+    return Problem(
+        args=args,
+        reference=lambda: ref(False),
+        lowp_reference=lambda: ref(True),
+        outputs=lambda res: {"dB": res[0].float(), "dC": res[1].float()},
+        bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 4 * i.C.numel()) * e + 2 * dstates.numel() * e
+        + 2 * s.dt_out.numel() * 4,
+        flops=4 * b * L * H * P * N + 2 * b * L * H * P * i.chunk_size + 2 * b * L * G * N * i.chunk_size,
+    )
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    found = inputs.mamba_ssm_ops()
+    if found is None or device.type != "cuda":
+        return None
+    mods, name = found
+    s = bwd_inputs.StageInputs.make(dims, dtype, device, seed)
+    i = s.inp
+    G = i.B.shape[2]
+    dstates = s.dstates_lowp
+    dout = s.gated_dout()
+    cs, sc, bm = mods["chunk_state"], mods["chunk_scan"], mods["bmm"]
+
+    def fn() -> Any:
+        dB, _ = cs._chunk_state_bwd_db(i.x, s.dt_out, s.dA_cumsum, dstates, seq_idx=i.seq_idx, B=i.B, ngroups=G)
+        dC, _ = sc._chunk_scan_bwd_dC(s.prev_states_lowp, s.dA_cumsum, dout, seq_idx=i.seq_idx, C=i.C, ngroups=G)
+        dCB = sc._chunk_scan_bwd_dcb(i.x, s.dt_out, s.dA_cumsum, dout, seq_idx=i.seq_idx, ngroups=G).float()
+        dB2 = bm._bmm_chunk_bwd(i.C, dCB, residual=dB)
+        dC2 = bm._bmm_chunk_bwd(i.B, dCB.transpose(-1, -2), residual=dC)
+        return dB2, dC2
+
+    return Baseline(name, fn)
+
+
+# block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot].
+_SEEDS = inputs.fixed_seeds([([64, 128, 32, 64], 4, 3), ([64, 64, 32, 64], 4, 3), ([32, 128, 32, 64], 4, 3),
+                             ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2), ([32, 64, 32, 32], 4, 3)])
+
+
+SSD_CHUNK_STATE_SCAN_BWD_DBDC = TunableKernel(
+    runtime=kernel.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
+    dims_for=_dims_for,
+    make_problem=_make_problem,
+    make_baseline=_baseline,
+    seed_configs=_SEEDS,
+    description="SSD B5+B6+B7+B8 fused: dB and dC summed over each group's heads in order, dCB in registers "
+                    "(mamba-ssm _chunk_state_bwd_db_kernel + _chunk_scan_bwd_dc_kernel + _chunk_scan_bwd_dcb_kernel "
+                    "+ _bmm_chunk_bwd_kernel x2)",
+)

@@ -1,0 +1,228 @@
+"""`kernels.patch_mamba_ssm`: what it replaces in mamba-ssm's modules, and that it restores exactly.
+
+mamba-ssm 2.3.2.post1's pure-Python modules are imported for real (CI installs them
+without the CUDA extensions; see mamba_ssm_cpu.py); where mamba-ssm is not installed, only
+the tests that need no mamba-ssm run. The module forward on the patched kernels is
+tests/ssd/test_patch_module.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import mamba_ssm_cpu
+import pytest
+import torch
+
+import kernels
+from kernels import patch
+from kernels.runtime import MambaTuneWarning
+
+ROOT = Path(__file__).resolve().parent.parent
+NEEDS_MAMBA_SSM = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
+                                     reason="mamba-ssm is not installed (.ci/run installs it)")
+
+SSD = "mamba_ssm.ops.triton.ssd_combined"
+NORM = "mamba_ssm.ops.triton.layernorm_gated"
+MAMBA2 = "mamba_ssm.modules.mamba2"
+SIMPLE = "mamba_ssm.modules.mamba2_simple"
+# (module, attribute) -> what the patch must put there.
+EXPECTED = {
+    (NORM, "rmsnorm_fn"): kernels.rmsnorm_fn,
+    (NORM, "layernorm_fn"): kernels.layernorm_fn,
+    (NORM, "RMSNorm"): kernels.RMSNormGated,
+    (NORM, "LayerNorm"): kernels.LayerNormGated,
+    (SSD, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
+    (SSD, "rmsnorm_fn"): kernels.rmsnorm_fn,
+    (MAMBA2, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
+    (MAMBA2, "RMSNormGated"): kernels.RMSNormGated,
+    (SIMPLE, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
+    (SIMPLE, "RMSNormGated"): kernels.RMSNormGated,
+    (SIMPLE, "LayerNorm"): kernels.LayerNormGated,
+    ("mamba_ssm.modules.mamba3", "RMSNormGated"): kernels.RMSNormGated,
+    ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
+}
+NOT_PROVIDED = [(SSD, "mamba_split_conv1d_scan_combined"), (MAMBA2, "mamba_split_conv1d_scan_combined"),
+                (SIMPLE, "mamba_split_conv1d_scan_combined"),
+                ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
+                (MAMBA2, "selective_state_update")]
+
+
+@pytest.fixture
+def mamba_ssm() -> Iterator[dict[str, ModuleType]]:
+    """mamba-ssm's modules that the patch touches; never patched after the test."""
+    if not mamba_ssm_cpu.installed():
+        pytest.skip("mamba-ssm is not installed (.ci/run installs it)")
+    mamba_ssm_cpu.load()
+    import importlib
+
+    names = {mod for mod, _ in [*EXPECTED, *NOT_PROVIDED]}
+    kernels.unpatch_mamba_ssm()
+    yield {name: importlib.import_module(name) for name in names}
+    kernels.unpatch_mamba_ssm()
+
+
+def _snapshot(mods: dict[str, ModuleType]) -> dict[tuple[str, str], object]:
+    return {(m, a): getattr(mods[m], a) for m, a in [*EXPECTED, *NOT_PROVIDED]}
+
+
+def test_patch_replaces_every_name_and_unpatch_restores_the_same_objects(mamba_ssm):
+    before = _snapshot(mamba_ssm)
+    assert not kernels.is_patched()
+    kernels.patch_mamba_ssm()
+    assert kernels.is_patched()
+    for (mod, attr), ours in EXPECTED.items():
+        assert getattr(mamba_ssm[mod], attr) is ours, f"{mod}.{attr} not replaced"
+    for mod, attr in NOT_PROVIDED:
+        shim = getattr(mamba_ssm[mod], attr)
+        assert shim is not before[(mod, attr)] and shim.__wrapped__ is before[(mod, attr)]
+    kernels.unpatch_mamba_ssm()
+    assert not kernels.is_patched()
+    after = _snapshot(mamba_ssm)
+    assert all(after[k] is before[k] for k in before), [k for k in before if after[k] is not before[k]]
+
+
+def test_patching_twice_and_unpatching_twice_are_no_ops(mamba_ssm):
+    before = _snapshot(mamba_ssm)
+    kernels.unpatch_mamba_ssm()  # not patched: nothing happens
+    assert _snapshot(mamba_ssm) == before
+    kernels.patch_mamba_ssm()
+    patched = _snapshot(mamba_ssm)
+    kernels.patch_mamba_ssm()
+    again = _snapshot(mamba_ssm)
+    assert all(again[k] is patched[k] for k in patched)
+    kernels.unpatch_mamba_ssm()
+    kernels.unpatch_mamba_ssm()
+    after = _snapshot(mamba_ssm)
+    assert all(after[k] is before[k] for k in before)
+
+
+def test_unpatch_leaves_a_name_someone_else_replaced_after_the_patch(mamba_ssm):
+    kernels.patch_mamba_ssm()
+    mine = object()
+    mamba_ssm[MAMBA2].RMSNormGated = mine
+    kernels.unpatch_mamba_ssm()
+    assert mamba_ssm[MAMBA2].RMSNormGated is mine
+    assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is not kernels.mamba_chunk_scan_combined
+
+
+def test_context_manager_restores_the_state_before_it(mamba_ssm):
+    before = _snapshot(mamba_ssm)
+    with kernels.patched_mamba_ssm():
+        assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+    assert not kernels.is_patched()
+    assert all(_snapshot(mamba_ssm)[k] is before[k] for k in before)
+    kernels.patch_mamba_ssm()
+    with kernels.patched_mamba_ssm(strict=True):
+        assert patch._STATE.strict
+    assert kernels.is_patched() and not patch._STATE.strict  # patched before: still patched after
+    with pytest.raises(RuntimeError, match="boom"), kernels.patched_mamba_ssm():
+        raise RuntimeError("boom")
+    assert kernels.is_patched()
+
+
+def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
+    kernels.patch_mamba_ssm()
+    shim = mamba_ssm[MAMBA2].mamba_split_conv1d_scan_combined
+    # Called without arguments, mamba-ssm's own function raises TypeError: proof it ran.
+    with pytest.warns(MambaTuneWarning, match=r"no kernel for mamba_split_conv1d_scan_combined yet .*"
+                                              r"use_mem_eff_path=False"), pytest.raises(TypeError):
+        shim()
+    with pytest.raises(TypeError):  # warned once: an error here if it warned again
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", MambaTuneWarning)
+            shim()
+    with pytest.warns(MambaTuneWarning, match=r"no kernel for selective_state_update yet .*Mamba2.step"), \
+            pytest.raises(TypeError):
+        mamba_ssm[MAMBA2].selective_state_update()
+
+
+def test_strict_refuses_what_is_not_provided(mamba_ssm):
+    kernels.patch_mamba_ssm(strict=True)
+    for mod, attr in NOT_PROVIDED:
+        with pytest.raises(NotImplementedError, match=f"no kernel for {attr} yet.*strict=True"):
+            getattr(mamba_ssm[mod], attr)(None)
+
+
+def test_a_norm_built_before_the_patch_runs_the_kernels(mamba_ssm):
+    norm = mamba_ssm[NORM].RMSNorm(32, eps=1e-5, group_size=16, norm_before_gate=False)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
+    x, z = torch.randn(3, 5, 32), torch.randn(3, 5, 32)
+    kernels.patch_mamba_ssm()
+    out = norm(x, z)  # mamba-ssm's class, whose forward calls layernorm_gated.rmsnorm_fn: ours
+    expected = kernels.rmsnorm_fn(x, norm.weight, None, z=z, eps=1e-5, group_size=16, norm_before_gate=False)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    built = mamba_ssm[MAMBA2].Mamba2(64, d_state=16, headdim=16, ngroups=2, chunk_size=16, use_mem_eff_path=False)
+    assert type(built.norm) is kernels.RMSNormGated  # built while patched
+    assert built.norm.group_size == 64  # d_ssm 128 / ngroups 2
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {**os.environ, **env}
+    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), *filter(None, [full.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@NEEDS_MAMBA_SSM
+def test_environment_variable_patches_at_import():
+    code = ("import mamba_ssm_cpu; mamba_ssm_cpu.load()\n"
+            "import kernels\n"
+            "from mamba_ssm.modules import mamba2\n"
+            "print(kernels.is_patched(), mamba2.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined)")
+    r = _run(code, MAMBA_TUNE_PATCH_MAMBA_SSM="1")
+    assert r.stdout.split() == ["True", "True"], r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value,patched,strict", [("1", True, False), ("strict", True, True), ("STRICT ", True, True),
+                                                  ("0", False, False), ("", False, False)])
+def test_environment_variable_values(mamba_ssm, monkeypatch, value, patched, strict):
+    monkeypatch.setenv(patch.ENV_PATCH, value)
+    patch.patch_from_env()
+    assert kernels.is_patched() is patched and patch._STATE.strict is strict
+
+
+def test_environment_variable_bad_value(monkeypatch):
+    monkeypatch.setenv(patch.ENV_PATCH, "yes")
+    with pytest.raises(ValueError, match="MAMBA_TUNE_PATCH_MAMBA_SSM='yes': expected 1, strict or 0"):
+        patch.patch_from_env()
+    assert not kernels.is_patched()
+
+
+def test_without_mamba_ssm_patching_raises_an_import_error_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mamba_ssm", None)  # what `import mamba_ssm` then finds: nothing
+    with pytest.raises(ImportError, match=r"^patch_mamba_ssm: the mamba-ssm package is not installed "
+                                          r"\(pip install mamba-ssm==2.3.2.post1\)$") as info:
+        kernels.patch_mamba_ssm()
+    assert isinstance(info.value, kernels.MambaSsmNotInstalledError)
+    assert not kernels.is_patched()
+
+
+@pytest.mark.slow
+def test_without_mamba_ssm_the_environment_variable_fails_the_import():
+    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport kernels", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
+    assert r.returncode != 0
+    assert "MambaSsmNotInstalledError: patch_mamba_ssm: the mamba-ssm package is not installed" in r.stderr
+
+
+@pytest.mark.slow
+@NEEDS_MAMBA_SSM
+def test_mamba_ssm_whose_package_does_not_import_gets_the_cause():
+    r = _run("try:\n    import mamba_ssm\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('IMPORTS')\n"
+             "import kernels; kernels.patch_mamba_ssm()")
+    if "IMPORTS" in r.stderr:
+        pytest.skip("mamba-ssm's package imports here (its CUDA extensions are built)")
+    assert r.returncode != 0
+    # (Which module reports it depends on what the probe's failed import left loaded.)
+    assert re.search(r"MambaSsmNotInstalledError: patch_mamba_ssm: mamba-ssm is installed but mamba_ssm\.[\w.]+ "
+                     r"does not import: No module named 'selective_scan_cuda'", r.stderr), r.stderr[-2000:]
