@@ -1,7 +1,8 @@
 """The `mamba-tune` command line. One module per command group in autotune_cli/commands/.
 
 Exit codes: 0 ok; 1 a check failed (a combo failed, a regression, numerics, missing
-coverage); 2 bad input (spec, bundle, arguments, environment) with nothing written.
+coverage); 2 bad input (spec, bundle, arguments, environment) with nothing written;
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (a sweep keeps what it finished).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from autotune_cli.kernel_keys import KernelKey, ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
-from autotune_cli.tuning import ModelShape, TunableKernel, all_kernels
 from kernels.bundle import entry_key
 
 # Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
@@ -33,7 +33,7 @@ class Combo:
 
 
 def plan(spec: Spec) -> list[Combo]:
-    kernels = all_kernels()
+    kernels = all_keys()
     found: dict[str, Combo] = {}
     for m in spec.models:
         for batch, seqlen, packed in itertools.product(m.batch, m.seqlen, spec.packed_sequences):
@@ -52,7 +52,7 @@ def plan(spec: Spec) -> list[Combo]:
     return list(found.values())
 
 
-def _weight_variants(spec: Spec, kernel: TunableKernel,
+def _weight_variants(spec: Spec, kernel: KernelKey,
                      shape: ModelShape) -> list[tuple[dict[str, int], list[str], str]]:
     """(dims, dtypes, origin suffix) of one kernel at one shape, per norm weight dtype.
 

@@ -73,3 +73,13 @@ def sku_of(device_name: str) -> str:
     # Unknown GPUs still get a stable, path-safe SKU.
     words = [w for w in name.replace("nvidia", "").split() if w.isalnum()]
     return "-".join(words) or "unknown"
+
+# Helion's search algorithms a spec's budget.algorithm (and `tune --algorithm`) may name.
+SEARCH_ALGORITHMS = (
+    "LFBOTreeSearch",
+    "LFBOPatternSearch",
+    "PatternSearch",
+    "DifferentialEvolutionSearch",
+    "DESurrogateHybrid",
+    "RandomSearch",
+)

@@ -47,17 +47,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, ModelDims
+from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, SEARCH_ALGORITHMS, ModelDims
 from kernels.vocab import DtypeName
 
-SEARCH_ALGORITHMS = (
-    "LFBOTreeSearch",
-    "LFBOPatternSearch",
-    "PatternSearch",
-    "DifferentialEvolutionSearch",
-    "DESurrogateHybrid",
-    "RandomSearch",
-)
 Effort = Literal["none", "quick", "full"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]
 
@@ -406,7 +398,7 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:
-    from autotune_cli.tuning import all_kernels
+    from autotune_cli.kernel_keys import all_keys
 
     target = model.target
     sku = GPU_SKUS[target.gpu]
@@ -467,7 +459,7 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
                         raise fail(loc, f"tp {tp} batch {b} seqlen {sl}: {why}")
             resolved.append(r)
 
-    known = all_kernels()
+    known = all_keys()
     if model.kernels == "all":
         kernels = list(known)
     else:

@@ -13,12 +13,15 @@ import ctypes
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +48,40 @@ from kernels.bundle import (
     SpecRef,
     Versions,
     load_bundle,
+    temp_prefix,
     write_bundle,
 )
 
 
 class SweepInputError(Exception):
     """Bad input or environment: exit code 2, nothing written."""
+
+
+class SweepTerminated(BaseException):
+    """SIGTERM or SIGHUP stopped the sweep (after its workers were stopped and its finished
+    entries kept); like KeyboardInterrupt, not an Exception, so no handler swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.reported = False  # the sweep printed what it kept
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process the signal killed."""
+        return 128 + self.signum
+
+
+# Signals that stop a sweep the way Ctrl-C does (SIGINT stays Python's KeyboardInterrupt).
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+# The sweep's temp folder: TMPDIR/mamba-tune-sweep-<pid>-XXXX, the pid naming its owner.
+TMP_PREFIX = "mamba-tune-sweep-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,7 +384,13 @@ class Sweep:
         except Timeout:
             raise SweepInputError(f"another sweep is writing {path} (lock {path}.lock is held)") from None
         try:
-            return self._run_locked(path, gpu, versions, slots)
+            with _stop_signals_raise():
+                # What killed runs left: their temp folders, and (under the lock, so no
+                # writer of this bundle is alive) half-written copies of the bundle.
+                _remove_stale_temp_dirs(Path(tempfile.gettempdir()))
+                for leftover in path.parent.glob(f"{glob_escape(temp_prefix(path))}*.tmp"):
+                    leftover.unlink(missing_ok=True)
+                return self._run_locked(path, gpu, versions, slots)
         finally:
             lock.release()
 
@@ -379,12 +416,15 @@ class Sweep:
         free: list[int | None] = list(slots)
         progress = _Progress(con, len(todo), len(slots), self.budget)
 
-        with tempfile.TemporaryDirectory(prefix="mamba-tune-sweep-") as tmpdir, con.status("") as status:
+        # (A worker still writing into the folder may defeat its removal: the next start removes it.)
+        with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmpdir, \
+                con.status("") as status:
             tmp = Path(tmpdir)
             try:
                 while queue or running:
                     self._fill_slots(queue, free, running, tmp, log_dir, bundle)
                     time.sleep(0.5)
+                    _raise_if_stopped()
                     now = time.monotonic()
                     for run, timed_out in self._reap(running, free, now):
                         result = None if timed_out else self._result(run)
@@ -396,13 +436,17 @@ class Sweep:
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
             except BaseException as e:
-                # Ctrl-C, or an error such as a full disk while writing the bundle: no worker
-                # outlives the sweep, and the temp folder is removed after they are gone.
+                # Ctrl-C, SIGTERM/SIGHUP, or an error such as a full disk while writing the
+                # bundle: no worker outlives the sweep, and the temp folder is removed after
+                # they are gone.
                 for run in running:
                     self._kill(run)
-                if not isinstance(e, KeyboardInterrupt):
+                if not isinstance(e, (KeyboardInterrupt, SweepTerminated)):
                     raise
-                con.print(f"[yellow]interrupted: {progress.finished}/{progress.total} combos written to "
+                what = "interrupted"
+                if isinstance(e, SweepTerminated):
+                    what, e.reported = f"terminated by {e.name}", True
+                con.print(f"[yellow]{what}: {progress.finished}/{progress.total} combos written to "
                           f"{escape(str(path))}; "
                           "rerun the same command to resume")
                 raise
@@ -443,6 +487,68 @@ class Sweep:
                            f"worker with {'='.join(ISOLATED_ENV)} (log: {escape(str(run.log_path))})")
         queue.insert(0, (run.index, run.combo, True))
         return True
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """While the sweep runs, SIGTERM and SIGHUP raise SweepTerminated in the main thread,
+    so they stop it as Ctrl-C does (workers killed, entries kept, temp folder removed).
+    A second signal during that clean-up is ignored; the old handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        _STOPPED_BY.append(signum)
+        raise SweepTerminated(signum)
+
+    _STOPPED_BY.clear()
+    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        _STOPPED_BY.clear()
+
+
+# The signal that stopped the sweep, once the handler ran. The handler's exception is lost
+# when the signal lands in code that ignores exceptions (an at-fork callback while a worker
+# starts prints "Exception ignored" and goes on): the loop then raises it itself.
+_STOPPED_BY: list[int] = []
+
+
+def _raise_if_stopped() -> None:
+    if _STOPPED_BY:
+        raise SweepTerminated(_STOPPED_BY[0])
+
+
+def _remove_stale_temp_dirs(tmp_root: Path) -> None:
+    """Remove the temp folders of sweeps whose process is gone (killed with SIGKILL, or the
+    machine went down): `mamba-tune-sweep-<pid>-*` of this user whose pid is not running.
+    A live pid, even one reused by another program, keeps its folder."""
+    for folder in tmp_root.glob(f"{TMP_PREFIX}*"):
+        pid_text = folder.name[len(TMP_PREFIX):].partition("-")[0]
+        try:
+            if not pid_text.isdigit() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        pid = int(pid_text)
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _same_versions(a: Versions, b: Versions) -> bool:

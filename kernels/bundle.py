@@ -316,12 +316,16 @@ def write_bundle(bundle: Bundle, path: str | os.PathLike[str]) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """A temp file in the same folder, fsync, then os.replace: readers see the old file or the new."""
+    """A temp file in the same folder, fsync, os.replace, fsync of the folder: readers see the
+    old file or the new, and after a crash the folder holds one of them. The file gets the
+    mode a plain `open` would give (0666 less the umask), so that other users' training jobs
+    can read a bundle where the umask allows it (mkstemp alone makes it 0600)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(p), suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -329,6 +333,38 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(p.parent)
+
+
+def temp_prefix(path: Path) -> str:
+    """The name prefix of `path`'s temp files (`.NAME.`, suffix `.tmp`): what a killed write leaves."""
+    return f".{path.name}."
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status);
+    elsewhere set and restored at once (os.umask can only read by writing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX: the folder's entry is data of the folder)."""
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def find_bundles(paths: list[Path]) -> list[Path]:

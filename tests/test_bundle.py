@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from bundles import bundle, entry, norm_dims
@@ -41,6 +46,18 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
         write_bundle(bad, p)
     assert p.read_text() == before
     assert [q.name for q in tmp_path.iterdir()] == ["b.json"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)], ids=["022", "077", "002"])
+def test_bundle_mode_follows_the_umask(tmp_path, umask, mode):
+    # In a child process, so the umask of the test process stays as it is.
+    p = tmp_path / "b.json"
+    code = ("import os, sys; sys.path[:0] = sys.argv[3:]; os.umask(int(sys.argv[1], 8)); "
+            "from bundles import bundle, entry; from kernels.bundle import write_bundle; "
+            "write_bundle(bundle(entry()), sys.argv[2]); write_bundle(bundle(entry()), sys.argv[2])")
+    here = Path(__file__).resolve().parent
+    subprocess.run([sys.executable, "-c", code, oct(umask), str(p), str(here), str(here.parent)], check=True)
+    assert stat.S_IMODE(os.stat(p).st_mode) == mode  # a rewrite too: the second write replaced the first
 
 
 def test_entry_key_is_canonical():

@@ -12,11 +12,13 @@ import typer
 from rich.table import Table
 
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
+from autotune_cli.kernel_keys import ModelShape
 from autotune_cli.presets import MODEL_PRESETS
-from autotune_cli.tuning import ModelShape
-from kernels.bundle import write_text_atomic
-from kernels.runtime import Mode as ConfigMode
 from kernels.vocab import torch_dtype as to_torch_dtype
+
+# --config-mode's choices: kernels.runtime.Mode's values (not imported: kernels.runtime loads
+# torch, and `mamba-tune --help` builds every command's options).
+ConfigMode = enum.Enum("ConfigMode", {m: m for m in ("exact", "nearest", "default")}, type=str)
 
 
 class Family(str, enum.Enum):
@@ -129,4 +131,6 @@ def bench_command(
 
 def write_results(path: Path, header: dict[str, Any], rows: list[dict[str, Any]], complete: bool) -> None:
     """Write the benchmark JSON atomically (a reader never sees half a file)."""
+    from kernels.bundle import write_text_atomic
+
     write_text_atomic(path, json.dumps({**header, "complete": complete, "rows": rows}, indent=2))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -11,14 +11,17 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, Command, err, fail, out
-from autotune_cli.spec import SpecError, load_spec
-from autotune_cli.tuning import all_kernels
-from kernels.bundle import Bundle, BundleError, dumps_bundle, load_bundle
+from autotune_cli.kernel_keys import all_keys
+
+if TYPE_CHECKING:
+    from kernels.bundle import Bundle
 
 
 def check_bundle_kernels(bundle: Bundle, source: str) -> None:
     """Entries must name known kernels with exactly their key dims."""
-    kernels = all_kernels()
+    from kernels.bundle import BundleError
+
+    kernels = all_keys()
     for key, entry in bundle.entries.items():
         tk = kernels.get(entry.kernel)
         if tk is None:
@@ -44,7 +47,13 @@ def validate_command(
     lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
 ) -> None:
-    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if Helion rejects a config."""
+    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if Helion rejects a config.
+
+    Specs are checked without torch or helion; a bundle's configs are checked against
+    their kernels' config spaces, which imports both (only when a bundle is given)."""
+    from autotune_cli.spec import SpecError, load_spec
+    from kernels.bundle import BundleError, load_bundle
+
     files = _files(paths)
     if not files:
         fail("no .yaml or .json files under " + ", ".join(map(str, paths)))
@@ -60,7 +69,7 @@ def validate_command(
                 check_bundle_kernels(bundle, str(f))
                 g = bundle.provenance.gpu
                 msg = f"ok  {f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
-                from autotune_cli.lowering import invalid_configs
+                from autotune_cli.lowering import invalid_configs  # imports torch and helion
 
                 if g.arch == "cpu":  # `sweep --cpu-dry-run`: ref mode, where no config applies
                     msg += ", configs not checked (CPU dry run)"
@@ -93,6 +102,8 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
 ) -> None:
     """Show a bundle's provenance and entries as a table."""
+    from kernels.bundle import BundleError, dumps_bundle, load_bundle
+
     try:
         bundle = load_bundle(bundle_path)
     except BundleError as e:

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from autotune_cli.commands.common import err, fail, out
-from autotune_cli.sweep import Sweep, SweepInputError, SweepResult
+
+if TYPE_CHECKING:
+    from autotune_cli.sweep import Sweep, SweepResult
 
 
 def _parse_extra(items: list[str]) -> dict[str, str]:
@@ -28,6 +30,7 @@ def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_
               max_parallel: int, extra: list[str], wait: bool) -> SweepResult | None:
     """`mamba-tune sweep --executor slurm`: submit, and by default wait (None with --no-wait)."""
     from autotune_cli.slurm import SlurmError, SlurmOptions, SlurmSweep
+    from autotune_cli.sweep import SweepInputError
 
     if sweep.opt.gpus is not None:
         fail("--gpus is for the local executor; with --executor slurm use --slurm-gpus-per-task")

@@ -12,8 +12,6 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.commands.common import Command, err, fail, out
-from autotune_cli.plan import estimate_seconds_for, plan
-from autotune_cli.spec import SpecError, load_spec
 
 
 def plan_command(
@@ -22,6 +20,9 @@ def plan_command(
     gpus: Annotated[int, typer.Option(metavar="N", help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
 ) -> None:
     """List the exact, de-duplicated (kernel, shape, dtype) combos of SPEC and estimate the time."""
+    from autotune_cli.plan import estimate_seconds_for, plan
+    from autotune_cli.spec import SpecError, load_spec
+
     try:
         spec = load_spec(spec_path)
     except SpecError as e:

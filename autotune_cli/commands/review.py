@@ -18,12 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.commands.common import EXIT_CHECK_FAILED, Command, err, fail, os_error_text, out
-from autotune_cli.review.sources import SourceError, load_source
-from autotune_cli.spec import SpecError, load_spec
-from kernels.bundle import BundleError, Entry, load_bundle
 
 if TYPE_CHECKING:
     from autotune_cli.review.verify import VerifyResult
+    from kernels.bundle import Entry
 
 
 class OutputFormat(str, enum.Enum):
@@ -59,6 +57,7 @@ def diff_command(
 ) -> None:
     """Compare two bundles or bundle folders: entries, configs, timings, failures, provenance."""
     from autotune_cli.review import diff as d
+    from autotune_cli.review.sources import SourceError, load_source
 
     try:
         a = load_source(old, missing_ok=missing_ok)
@@ -99,6 +98,8 @@ def check_command(
 ) -> None:
     """Coverage gate: every combo of SPEC has a fresh entry (kernel source and versions) for its GPU."""
     from autotune_cli.review import check as c
+    from autotune_cli.spec import SpecError, load_spec
+    from kernels.bundle import BundleError
 
     try:
         spec = load_spec(spec_path)
@@ -156,6 +157,7 @@ def verify_command(
 ) -> None:
     """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats the kernel's default config."""
     from autotune_cli.review import verify as v
+    from kernels.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)
@@ -207,6 +209,7 @@ def report_command(
 ) -> None:
     """Speedup plots (PNG, one per kernel) and a markdown summary (DIR/report.md) of BUNDLE."""
     from autotune_cli.review.report import ReportDependencyError, write_report
+    from kernels.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -22,20 +22,14 @@ from autotune_cli.commands.common import (
     os_error_text,
     out,
 )
-from autotune_cli.plan import Combo, plan
-from autotune_cli.spec import (
-    DEFAULT_TOLERANCES,
-    SEARCH_ALGORITHMS,
-    Budget,
-    SpecError,
-    Tolerance,
-    dims_problem,
-    load_spec,
-    name_problem,
-)
-from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions, SweepResult
-from autotune_cli.tuning import all_kernels
-from kernels.bundle import SpecRef
+from autotune_cli.kernel_keys import all_keys
+from autotune_cli.presets import SEARCH_ALGORITHMS
+
+if TYPE_CHECKING:
+    from autotune_cli.plan import Combo
+    from autotune_cli.spec import Budget, Tolerance
+    from autotune_cli.sweep import Sweep, SweepResult
+    from kernels.bundle import SpecRef
 
 DEFAULT_OUT = Path("generated_configs")
 
@@ -72,10 +66,16 @@ def _summary(result: SweepResult) -> None:
 
 
 def _run(sweep: Sweep) -> None:
+    from autotune_cli.sweep import SweepInputError, SweepTerminated
+
     try:
         result = sweep.run()
     except SweepInputError as e:
         fail(str(e))
+    except SweepTerminated as e:
+        if not e.reported:
+            err.print(f"[yellow]terminated by {e.name}")
+        raise typer.Exit(e.exit_code) from None
     except OSError as e:
         # Every finished combo is already in the bundle (each one is written atomically).
         where = os_error_text(e) if e.filename else f"under {sweep.opt.out_dir}: {e.strerror or e}"
@@ -130,6 +130,7 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
     """`--from-record`: the recorded combos without an exact entry, the target GPU and bundle name."""
     from autotune_cli.from_record import combos_from_record
     from autotune_cli.presets import GPU_SKUS
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
     from kernels.record import RecordError
 
     try:
@@ -150,7 +151,7 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
     if not rp.combos:
         out.print("nothing to tune: every recorded key has an exact entry (--force re-tunes them)")
         raise typer.Exit(0)
-    return rp.combos, _Source(sorted(all_kernels()), Budget(), DEFAULT_TOLERANCES, gpu, bundle_name, None,
+    return rp.combos, _Source(sorted(all_keys()), Budget(), DEFAULT_TOLERANCES, gpu, bundle_name, None,
                               str(path), "record")
 
 
@@ -191,6 +192,11 @@ def sweep_command(
         help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
+    from autotune_cli.plan import plan
+    from autotune_cli.spec import SpecError, load_spec
+    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from kernels.bundle import SpecRef
+
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")
     if from_record is not None:
@@ -246,7 +252,7 @@ def sweep_command(
 
 
 def _parse_dims(text: str, kernel: str) -> dict[str, int]:
-    tk = all_kernels()[kernel]
+    tk = all_keys()[kernel]
     dims: dict[str, int] = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -284,9 +290,12 @@ def tune_command(
     timeout: TimeoutOpt = None,
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
+    from autotune_cli.plan import Combo
     from autotune_cli.presets import GPU_SKUS
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, dims_problem, name_problem
+    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
 
-    known = all_kernels()
+    known = all_keys()
     if kernel not in known:
         fail(f"unknown kernel {kernel!r}; known: {', '.join(known)}")
     if gpu not in GPU_SKUS:

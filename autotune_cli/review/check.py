@@ -5,10 +5,11 @@ entry with its key and that bundle
 
 - was tuned on the spec's target SKU and arch (provenance.gpu),
 - records, for the entry's kernel, the source hash of the kernel as it is in this
-  checkout (provenance.kernels[kernel].source_sha256 == TunableKernel.source_sha256()),
+  checkout (provenance.kernels[kernel].source_sha256 == KernelKey.source_sha256()),
 - was tuned with the expected helion, torch and triton versions,
 - holds a config that Helion accepts for the kernel at the entry's dims (checked on the
-  CPU, `autotune_cli.lowering.config_problem`).
+  CPU, `autotune_cli.lowering.config_problem`; only this part imports torch and helion,
+  and only when a bundle entry is checked).
 
 The version rule (CI runs this on a CPU box, which cannot see the GPU machine's stack):
 the expected version of each package is the one given as an option (--helion-version
@@ -34,10 +35,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
-from autotune_cli.tuning import all_kernels
 from kernels.bundle import Bundle, Entry, find_bundles, load_bundle
 
 PACKAGES = ("helion", "torch", "triton")
@@ -122,7 +123,8 @@ def _bundle_problems(bundle: Bundle, sku: str, expected: Expected) -> list[str]:
 
 def _config_problem(entry: Entry) -> str | None:
     """Why Helion rejects the entry's config at its dims (None: accepted); see `autotune_cli.lowering`."""
-    from autotune_cli.lowering import config_problem
+    from autotune_cli.lowering import config_problem  # imports torch and helion
+    from autotune_cli.tuning import all_kernels
 
     return config_problem(all_kernels()[entry.kernel], entry)
 
@@ -134,7 +136,7 @@ def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None =
     paths = find_bundles([folder]) if folder.is_dir() else []
     bundles = {p.as_posix(): load_bundle(p) for p in paths}
     expected = expected_versions(bundles, given or {})
-    hashes = {name: tk.source_sha256() for name, tk in all_kernels().items()}
+    hashes = {name: key.source_sha256() for name, key in all_keys().items()}
     problems = {path: _bundle_problems(b, sku, expected) for path, b in bundles.items()}
 
     combos: list[ComboStatus] = []

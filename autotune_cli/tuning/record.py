@@ -14,25 +14,8 @@ from typing import Any
 
 import torch
 
+from autotune_cli.kernel_keys import ModelShape
 from kernels.runtime import RuntimeKernel
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """One Mamba-2 layer's sizes after tensor parallelism, at one batch and seqlen."""
-
-    batch: int
-    seqlen: int
-    nheads: int
-    headdim: int
-    ngroups: int
-    dstate: int
-    chunk_size: int
-    # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
-    packed: bool = False
-    # The gated norm's weight: fp32 (True), or in the inputs' dtype (a module built in
-    # bf16). Only the norm depends on it.
-    norm_weight_fp32: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

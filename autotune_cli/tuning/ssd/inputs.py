@@ -1,6 +1,7 @@
 """Inputs, shapes and the mamba-ssm baseline shared by the SSD tuning records.
 
-- `mixer_dims`: every dim of the call the Mamba-2 mixer makes at a layer shape.
+- `mixer_dims` (from autotune_cli.kernel_keys): every dim of the call the Mamba-2 mixer
+  makes at a layer shape.
 - `SSDInputs`: seeded random inputs at one tuning combo: dt~ = softplus(dt + dt_bias)
   log-uniform in [1e-3, 1e-1] (Mamba-2's init) and A = -U[0.5, 4], decaying slower than
   Mamba-2's init range (-U[1, 16]) so that states carry across chunks and every check
@@ -18,24 +19,11 @@ from typing import Any
 
 import torch
 
-from autotune_cli.tuning.record import ModelShape, mamba_ssm_version
+# The stage records' dims_for: pick(mixer_dims(shape), DIMS) (torch-free, shared with `plan`).
+from autotune_cli.kernel_keys import mixer_dims as mixer_dims
+from autotune_cli.kernel_keys import pick as pick
+from autotune_cli.tuning.record import mamba_ssm_version
 from kernels.vocab import DT_LIMIT_NONE
-
-
-def mixer_dims(shape: ModelShape) -> dict[str, int]:
-    """Every dim of the call the Mamba-2 mixer makes (mamba_ssm.modules.mamba2): D per head,
-    dt_bias, dt_softplus, z applied later by the gated norm, no initial states, and seq_idx
-    only for packed sequences (`shape.packed`)."""
-    return {
-        "batch": shape.batch, "seqlen": shape.seqlen, "nheads": shape.nheads, "headdim": shape.headdim,
-        "ngroups": shape.ngroups, "dstate": shape.dstate, "chunk_size": shape.chunk_size,
-        "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": int(shape.packed),
-        "has_initial_states": 0,
-    }
-
-
-def pick(dims: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:
-    return {k: int(dims[k]) for k in keys}
 
 
 @dataclasses.dataclass

@@ -1,0 +1,163 @@
+"""Each tunable kernel's bundle key, torch-free: its dims and how a model layer gives them.
+
+What `plan`, `validate`, `check` and the sweep's planning need of a kernel, without
+importing torch or helion (importing them takes seconds; `mamba-tune plan` should not).
+The kernels' runtime declarations in `kernels/` hold the same dims and source hash and the
+tuning records in `autotune_cli/tuning/` the same `dims_for`: tests/test_kernel_keys.py
+checks that all three agree for every kernel and every preset shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """One Mamba-2 layer's sizes after tensor parallelism, at one batch and seqlen."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    chunk_size: int
+    # Packed sequences: the SSD call gets seq_idx (the norm does not depend on it).
+    packed: bool = False
+    # The gated norm's weight: fp32 (True), or in the inputs' dtype (a module built in
+    # bf16). Only the norm depends on it.
+    norm_weight_fp32: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelKey:
+    name: str
+    family: str
+    # Bundle key dims, in key order (kernels.runtime.RuntimeKernel.dims).
+    dims: tuple[str, ...]
+    # Key dims for a layer shape; None when the kernel does not apply to it.
+    dims_for: Callable[[ModelShape], dict[str, int] | None]
+    # The Helion kernel function, "module:function" (what a bundle's source hash covers).
+    source: str
+
+    def source_sha256(self) -> str:
+        """kernels.runtime.kernel_source_sha256 of the kernel, read from its file without
+        importing it: the function's text from its first decorator to its last line, as
+        inspect.getsource gives it."""
+        module, _, func = self.source.partition(":")
+        path = _KERNELS_ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        text = path.read_text(encoding="utf-8")
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name == func:
+                first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                lines = text.splitlines(keepends=True)[first - 1:node.end_lineno]
+                return hashlib.sha256("".join(lines).encode()).hexdigest()
+        raise LookupError(f"{self.name}: no function {func} in {path}")
+
+
+# The `kernels` package's folder (not imported: its kernels load torch and helion).
+_KERNELS_ROOT = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def mixer_dims(shape: ModelShape) -> dict[str, int]:
+    """Every dim of the call the Mamba-2 mixer makes (mamba_ssm.modules.mamba2): D per head,
+    dt_bias, dt_softplus, z applied later by the gated norm, no initial states, and seq_idx
+    only for packed sequences (`shape.packed`)."""
+    return {
+        "batch": shape.batch, "seqlen": shape.seqlen, "nheads": shape.nheads, "headdim": shape.headdim,
+        "ngroups": shape.ngroups, "dstate": shape.dstate, "chunk_size": shape.chunk_size,
+        "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": int(shape.packed),
+        "has_initial_states": 0,
+    }
+
+
+def pick(dims: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:
+    return {k: int(dims[k]) for k in keys}
+
+
+NORM_DIMS = ("rows", "d", "group_size", "has_z", "norm_before_gate", "has_bias", "is_rms", "weight_fp32")
+SSD_SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+
+
+def _norm(shape: ModelShape) -> dict[str, int]:
+    # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
+    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias, the weight's dtype
+    # from `shape.norm_weight_fp32`.
+    d = shape.nheads * shape.headdim
+    return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
+            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": int(shape.norm_weight_fp32)}
+
+
+def _ssd(dims: tuple[str, ...]) -> Callable[[ModelShape], dict[str, int]]:
+    def dims_for(shape: ModelShape) -> dict[str, int]:
+        return pick(mixer_dims(shape), dims)
+
+    return dims_for
+
+
+def _state_passing(shape: ModelShape) -> dict[str, int]:
+    # The stage sees whole chunks: seqlen rounded up to a multiple of chunk_size.
+    dims = pick(mixer_dims(shape), STATE_PASSING_DIMS)
+    dims["seqlen"] = -(-shape.seqlen // shape.chunk_size) * shape.chunk_size
+    return dims
+
+
+def _chunk_state_passing_bwd(shape: ModelShape) -> dict[str, int]:
+    # has_dfinal: the training call returns no final states, so none come back with a gradient.
+    return {**pick(mixer_dims(shape), CHUNK_STATE_PASSING_BWD_DIMS[:-1]), "has_dfinal": 0}
+
+
+def _chunk_scan(shape: ModelShape) -> dict[str, int]:
+    # fused_bmm: kernels.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
+    return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
+
+
+CHUNK_CUMSUM_DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
+CHUNK_STATE_DIMS = (*SSD_SHAPE_DIMS, "has_seq_idx")
+CHUNK_STATE_PASSING_DIMS = (*SSD_SHAPE_DIMS, "has_initial_states", "has_seq_idx")
+BMM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size")
+STATE_PASSING_DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_initial_states",
+                      "has_seq_idx")
+CHUNK_SCAN_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
+# The backward's kernels.
+CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
+CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
+CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
+CHUNK_CUMSUM_BWD_DIMS = CHUNK_CUMSUM_DIMS
+
+KEYS: tuple[KernelKey, ...] = (
+    KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "kernels.norm.gated:gated_norm_fwd_kernel"),
+    KernelKey("gated_norm_bwd", "norm", NORM_DIMS, _norm, "kernels.norm.gated:gated_norm_bwd_kernel"),
+    KernelKey("ssd_chunk_cumsum", "ssd", CHUNK_CUMSUM_DIMS, _ssd(CHUNK_CUMSUM_DIMS),
+              "kernels.ssd.chunk_cumsum:chunk_cumsum_kernel"),
+    KernelKey("ssd_chunk_state", "ssd", CHUNK_STATE_DIMS, _ssd(CHUNK_STATE_DIMS),
+              "kernels.ssd.chunk_state:chunk_state_kernel"),
+    KernelKey("ssd_state_passing", "ssd", STATE_PASSING_DIMS, _state_passing,
+              "kernels.ssd.state_passing:state_passing_kernel"),
+    KernelKey("ssd_chunk_state_passing", "ssd", CHUNK_STATE_PASSING_DIMS, _ssd(CHUNK_STATE_PASSING_DIMS),
+              "kernels.ssd.chunk_state_passing:chunk_state_passing_kernel"),
+    KernelKey("ssd_bmm", "ssd", BMM_DIMS, _ssd(BMM_DIMS), "kernels.ssd.bmm:bmm_chunk_kernel"),
+    KernelKey("ssd_chunk_scan", "ssd", CHUNK_SCAN_DIMS, _chunk_scan, "kernels.ssd.chunk_scan:chunk_scan_kernel"),
+    KernelKey("ssd_chunk_state_passing_bwd", "ssd", CHUNK_STATE_PASSING_BWD_DIMS, _chunk_state_passing_bwd,
+              "kernels.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
+    KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
+              _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
+              "kernels.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),
+    KernelKey("ssd_chunk_state_scan_bwd_dbdc", "ssd", CHUNK_STATE_SCAN_BWD_DBDC_DIMS,
+              _ssd(CHUNK_STATE_SCAN_BWD_DBDC_DIMS),
+              "kernels.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
+    KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
+              "kernels.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
+)
+
+_BY_NAME = dict(sorted((k.name, k) for k in KEYS))
+
+
+def all_keys() -> dict[str, KernelKey]:
+    """Name -> key record, sorted by name (the names of autotune_cli.tuning.all_kernels())."""
+    return dict(_BY_NAME)
