@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from glob import escape as glob_escape
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from filelock import FileLock, Timeout
@@ -76,7 +77,7 @@ class SweepTerminated(BaseException):
         return 128 + self.signum
 
 
-# Signals that stop a sweep the way Ctrl-C does (SIGINT stays Python's KeyboardInterrupt).
+# Signals that stop a sweep the way Ctrl-C does (SIGINT raises KeyboardInterrupt, by the same rule).
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 
@@ -388,6 +389,7 @@ class Sweep:
                 # What killed runs left: their temp folders, and (under the lock, so no
                 # writer of this bundle is alive) half-written copies of the bundle.
                 _remove_stale_temp_dirs(Path(tempfile.gettempdir()))
+                _raise_if_stopped()
                 for leftover in path.parent.glob(f"{glob_escape(temp_prefix(path))}*.tmp"):
                     leftover.unlink(missing_ok=True)
                 return self._run_locked(path, gpu, versions, slots)
@@ -396,6 +398,7 @@ class Sweep:
 
     def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None]) -> SweepResult:
         bundle, stale = self._existing(path, gpu, versions)
+        _raise_if_stopped()
         done = set() if bundle is None else set(bundle.entries)
         todo = [c for c in self.combos if self.opt.force or c.key not in done or c.key in stale]
         skipped = [c for c in self.combos if c not in todo]
@@ -492,20 +495,27 @@ class Sweep:
 @contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
     """While the sweep runs, SIGTERM and SIGHUP raise SweepTerminated in the main thread,
-    so they stop it as Ctrl-C does (workers killed, entries kept, temp folder removed).
-    A second signal during that clean-up is ignored; the old handlers come back after."""
+    so they stop it as Ctrl-C does (workers killed, entries kept, temp folder removed);
+    SIGINT raises KeyboardInterrupt by the same rule. A second signal during that clean-up
+    is ignored; the old handlers come back after."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
+    handled = (signal.SIGINT, *STOP_SIGNALS)
 
-    def stop(signum: int, _frame: object) -> None:
-        for s in STOP_SIGNALS:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        for s in handled:
             signal.signal(s, signal.SIG_IGN)
         _STOPPED_BY.append(signum)
-        raise SweepTerminated(signum)
+        # Raise only where the exception surely propagates: in the sweep's own loop (the
+        # signal cut its sleep). Elsewhere (logging's at-fork lock release while a worker
+        # starts, a library's cleanup) it may be printed as "Exception ignored" and lost,
+        # or leave a half-started worker untracked: the loop raises it within half a second.
+        if frame is not None and frame.f_code in _SAFE_TO_RAISE:
+            _raise_if_stopped()
 
     _STOPPED_BY.clear()
-    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    old = {s: signal.signal(s, stop) for s in handled}
     try:
         yield
     finally:
@@ -514,14 +524,17 @@ def _stop_signals_raise() -> Iterator[None]:
         _STOPPED_BY.clear()
 
 
-# The signal that stopped the sweep, once the handler ran. The handler's exception is lost
-# when the signal lands in code that ignores exceptions (an at-fork callback while a worker
-# starts prints "Exception ignored" and goes on): the loop then raises it itself.
+# The signal that stopped the sweep, once the handler ran; the sweep raises it at its next
+# check (`_raise_if_stopped`) unless the handler could raise it at once.
 _STOPPED_BY: list[int] = []
+# The frames where the handler raises at once: the sweep's own sequential code.
+_SAFE_TO_RAISE = frozenset({Sweep.run.__code__, Sweep._run_locked.__code__})
 
 
 def _raise_if_stopped() -> None:
     if _STOPPED_BY:
+        if _STOPPED_BY[0] == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SweepTerminated(_STOPPED_BY[0])
 
 

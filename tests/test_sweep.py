@@ -111,7 +111,7 @@ def test_resume_after_kill(tmp_path):
     assert r.returncode == 0 and "4 already in" in r.stderr and "0 to tune" in r.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
 def test_sigterm_and_sighup_stop_the_sweep_like_ctrl_c(tmp_path, sig):
     out = tmp_path / "out"
     spec = small_spec(tmp_path)
@@ -126,7 +126,8 @@ def test_sigterm_and_sighup_stop_the_sweep_like_ctrl_c(tmp_path, sig):
     text = stderr.decode()
     assert proc.returncode == 128 + sig, text[-2000:]
     last = text.strip().splitlines()[-1]
-    assert f"terminated by {sig.name}: " in last and f"combos written to {bundle_path}" in last, text[-2000:]
+    what = "interrupted" if sig == signal.SIGINT else f"terminated by {sig.name}"
+    assert f"{what}: " in last and f"combos written to {bundle_path}" in last, text[-2000:]
     assert "Traceback" not in text
     kept = load_bundle(bundle_path)  # finished entries stay
     assert 1 <= len(kept.entries) <= 4
