@@ -1,4 +1,4 @@
-"""A call record (kernels.record) -> the combos `mamba-tune sweep --from-record` tunes.
+"""A call record (mamba_tune.record) -> the combos `mamba-tune sweep --from-record` tunes.
 
 A recorded key becomes a `Combo` when a call of it was served by anything but an exact
 entry (``nearest ...`` or ``default``), or always with ``force``. Every recorded kernel,
@@ -14,8 +14,8 @@ from pathlib import Path
 from autotune_cli.plan import Combo
 from autotune_cli.presets import sku_of
 from autotune_cli.tuning import all_kernels
-from kernels.record import RecordError, load_record
-from kernels.vocab import DTYPES
+from mamba_tune.record import RecordError, load_record
+from mamba_tune.vocab import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)

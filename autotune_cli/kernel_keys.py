@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class ModelShape:
 class KernelKey:
     name: str
     family: str
-    # Bundle key dims, in key order (kernels.runtime.RuntimeKernel.dims).
+    # Bundle key dims, in key order (mamba_tune.runtime.RuntimeKernel.dims).
     dims: tuple[str, ...]
     # Key dims for a layer shape; None when the kernel does not apply to it.
     dims_for: Callable[[ModelShape], dict[str, int] | None]
@@ -46,11 +47,11 @@ class KernelKey:
     source: str
 
     def source_sha256(self) -> str:
-        """kernels.runtime.kernel_source_sha256 of the kernel, read from its file without
+        """mamba_tune.runtime.kernel_source_sha256 of the kernel, read from its file without
         importing it: the function's text from its first decorator to its last line, as
         inspect.getsource gives it."""
         module, _, func = self.source.partition(":")
-        path = _KERNELS_ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        path = _kernels_root().joinpath(*module.split(".")[1:]).with_suffix(".py")
         text = path.read_text(encoding="utf-8")
         for node in ast.parse(text).body:
             if isinstance(node, ast.FunctionDef) and node.name == func:
@@ -60,8 +61,15 @@ class KernelKey:
         raise LookupError(f"{self.name}: no function {func} in {path}")
 
 
-# The `kernels` package's folder (not imported: its kernels load torch and helion).
-_KERNELS_ROOT = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def _kernels_root() -> Path:
+    """The `mamba_tune` package's folder (the repository's `kernels/`), found without
+    importing it: its kernels load torch and helion."""
+    spec = importlib.util.find_spec("mamba_tune")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("mamba_tune is not importable: install the project (pip install -e .)")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def mixer_dims(shape: ModelShape) -> dict[str, int]:
@@ -113,7 +121,7 @@ def _chunk_state_passing_bwd(shape: ModelShape) -> dict[str, int]:
 
 
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
-    # fused_bmm: kernels.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
+    # fused_bmm: mamba_tune.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
 
 
@@ -131,28 +139,28 @@ CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 CHUNK_CUMSUM_BWD_DIMS = CHUNK_CUMSUM_DIMS
 
 KEYS: tuple[KernelKey, ...] = (
-    KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "kernels.norm.gated:gated_norm_fwd_kernel"),
-    KernelKey("gated_norm_bwd", "norm", NORM_DIMS, _norm, "kernels.norm.gated:gated_norm_bwd_kernel"),
+    KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),
+    KernelKey("gated_norm_bwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_bwd_kernel"),
     KernelKey("ssd_chunk_cumsum", "ssd", CHUNK_CUMSUM_DIMS, _ssd(CHUNK_CUMSUM_DIMS),
-              "kernels.ssd.chunk_cumsum:chunk_cumsum_kernel"),
+              "mamba_tune.ssd.chunk_cumsum:chunk_cumsum_kernel"),
     KernelKey("ssd_chunk_state", "ssd", CHUNK_STATE_DIMS, _ssd(CHUNK_STATE_DIMS),
-              "kernels.ssd.chunk_state:chunk_state_kernel"),
+              "mamba_tune.ssd.chunk_state:chunk_state_kernel"),
     KernelKey("ssd_state_passing", "ssd", STATE_PASSING_DIMS, _state_passing,
-              "kernels.ssd.state_passing:state_passing_kernel"),
+              "mamba_tune.ssd.state_passing:state_passing_kernel"),
     KernelKey("ssd_chunk_state_passing", "ssd", CHUNK_STATE_PASSING_DIMS, _ssd(CHUNK_STATE_PASSING_DIMS),
-              "kernels.ssd.chunk_state_passing:chunk_state_passing_kernel"),
-    KernelKey("ssd_bmm", "ssd", BMM_DIMS, _ssd(BMM_DIMS), "kernels.ssd.bmm:bmm_chunk_kernel"),
-    KernelKey("ssd_chunk_scan", "ssd", CHUNK_SCAN_DIMS, _chunk_scan, "kernels.ssd.chunk_scan:chunk_scan_kernel"),
+              "mamba_tune.ssd.chunk_state_passing:chunk_state_passing_kernel"),
+    KernelKey("ssd_bmm", "ssd", BMM_DIMS, _ssd(BMM_DIMS), "mamba_tune.ssd.bmm:bmm_chunk_kernel"),
+    KernelKey("ssd_chunk_scan", "ssd", CHUNK_SCAN_DIMS, _chunk_scan, "mamba_tune.ssd.chunk_scan:chunk_scan_kernel"),
     KernelKey("ssd_chunk_state_passing_bwd", "ssd", CHUNK_STATE_PASSING_BWD_DIMS, _chunk_state_passing_bwd,
-              "kernels.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
+              "mamba_tune.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
     KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
               _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
-              "kernels.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),
+              "mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),
     KernelKey("ssd_chunk_state_scan_bwd_dbdc", "ssd", CHUNK_STATE_SCAN_BWD_DBDC_DIMS,
               _ssd(CHUNK_STATE_SCAN_BWD_DBDC_DIMS),
-              "kernels.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
+              "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
     KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
-              "kernels.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
+              "mamba_tune.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
 )
 
 _BY_NAME = dict(sorted((k.name, k) for k in KEYS))

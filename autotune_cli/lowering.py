@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from autotune_cli.tuning import ModelShape, TunableKernel, all_kernels
-from kernels.bundle import Bundle, Entry
-from kernels.vocab import torch_dtype
+from mamba_tune.bundle import Bundle, Entry
+from mamba_tune.vocab import torch_dtype
 
 
 def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any] | None) -> str:
@@ -190,8 +190,8 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
 def main() -> int:
     """Lower every kernel's default config at LOWERING_SHAPES, every search seed at
     SEED_SHAPES, and every committed bundle config."""
-    from kernels.bundle import BundleError, find_bundles, load_bundle
-    from kernels.runtime import default_bundle_paths
+    from mamba_tune.bundle import BundleError, find_bundles, load_bundle
+    from mamba_tune.runtime import default_bundle_paths
 
     failures = 0
     for tk in all_kernels().values():

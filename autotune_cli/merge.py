@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cli import environment as env
-from kernels.bundle import Bundle, BundleError, load_bundle
+from mamba_tune.bundle import Bundle, BundleError, load_bundle
 
 
 class MergeError(Exception):

@@ -7,7 +7,7 @@ import itertools
 
 from autotune_cli.kernel_keys import KernelKey, ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
-from kernels.bundle import entry_key
+from mamba_tune.bundle import entry_key
 
 # Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
 # with Helion 1.5.0 (the H200 notes: quick = 1.5-4.5 minutes per kernel x

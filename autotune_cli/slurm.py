@@ -48,7 +48,7 @@ from autotune_cli.sweep import (
     bundle_path_for,
     describe_entry,
 )
-from kernels.bundle import (
+from mamba_tune.bundle import (
     Bundle,
     BundleError,
     Entry,

@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, SEARCH_ALGORITHMS, ModelDims
-from kernels.vocab import DtypeName
+from mamba_tune.vocab import DtypeName
 
 Effort = Literal["none", "quick", "full"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]

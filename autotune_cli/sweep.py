@@ -38,7 +38,7 @@ from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
 from autotune_cli.worker import STACKS_SIGNAL
-from kernels.bundle import (
+from mamba_tune.bundle import (
     Bundle,
     BundleError,
     Entry,

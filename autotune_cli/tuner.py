@@ -22,8 +22,8 @@ from autotune_cli.environment import now
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import Problem, TunableKernel, get
-from kernels.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
-from kernels.vocab import torch_dtype
+from mamba_tune.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
+from mamba_tune.vocab import torch_dtype
 
 
 class TuneFailure(Exception):

@@ -1,52 +1,81 @@
 """Helion re-implementations of the mamba-ssm Mamba-2 training kernels.
 
 Drop-in replacements for the mamba-ssm API; each kernel runs the config tuned for the
-current GPU from the bundles in `generated_configs/` (see `kernels.runtime`).
+current GPU from the bundles in `generated_configs/` (see `mamba_tune.runtime`).
 `patch_mamba_ssm()` (or MAMBA_TUNE_PATCH_MAMBA_SSM=1 at import) makes mamba-ssm's own
-modules call them (see `kernels.patch`).
+modules call them (see `mamba_tune.patch`).
 `record_calls(path)` (or MAMBA_TUNE_RECORD=path) records which kernel keys run (see
-`kernels.record`).
+`mamba_tune.record`).
 
 The names below load on first use (PEP 562), so that the torch-free modules
-(`kernels.bundle`, `kernels.vocab`) can be imported without torch and helion: the
+(`mamba_tune.bundle`, `mamba_tune.vocab`) can be imported without torch and helion: the
 `mamba-tune` commands that only read specs and bundles start in a fraction of a second.
-Only when MAMBA_TUNE_PATCH_MAMBA_SSM or MAMBA_TUNE_RECORD is set does `import kernels`
+Only when MAMBA_TUNE_PATCH_MAMBA_SSM or MAMBA_TUNE_RECORD is set does `import mamba_tune`
 load the kernels (to patch, to record).
+
+The folder is `kernels/` but the import name is `mamba_tune`: `kernels` is the import name of
+Hugging Face's kernels package, which transformers imports when it is installed. Imported
+as `kernels` (a script or `python -m pytest` run in the repository's root puts this folder
+on the path under that name), this package hands the name over to Hugging Face's package
+where that is installed, and otherwise fails with an ImportError saying how to import it.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kernels.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
-    from kernels.patch import (
+    from mamba_tune.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
+    from mamba_tune.patch import (
         MambaSsmNotInstalledError,
         is_patched,
         patch_mamba_ssm,
         patched_mamba_ssm,
         unpatch_mamba_ssm,
     )
-    from kernels.record import record_calls
-    from kernels.runtime import Mode, configure
-    from kernels.ssd import mamba_chunk_scan_combined
+    from mamba_tune.record import record_calls
+    from mamba_tune.runtime import Mode, configure
+    from mamba_tune.ssd import mamba_chunk_scan_combined
+
+
+
+def _hand_over_the_name(name: str) -> None:
+    """Imported as `name` (not `mamba_tune`): load the package of that name that is not this
+    folder (Hugging Face's kernels) in this module's place, or raise ImportError."""
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
+    spec = PathFinder.find_spec(name, others)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{os.path.dirname(__file__)} is mamba-tune's kernel library: import it as "
+                          f"`mamba_tune` (pip install -e {root}), not as `{name}`", name=name)
+    module = module_from_spec(spec)
+    sys.modules[name] = module  # what the running `import` statement returns
+    spec.loader.exec_module(module)
+
+
+if __name__ != "mamba_tune":
+    _hand_over_the_name(__name__)
 
 _WHERE = {
-    "LayerNormGated": "kernels.norm",
-    "MambaSsmNotInstalledError": "kernels.patch",
-    "Mode": "kernels.runtime",
-    "RMSNormGated": "kernels.norm",
-    "configure": "kernels.runtime",
-    "is_patched": "kernels.patch",
-    "layernorm_fn": "kernels.norm",
-    "mamba_chunk_scan_combined": "kernels.ssd",
-    "patch_mamba_ssm": "kernels.patch",
-    "patched_mamba_ssm": "kernels.patch",
-    "record_calls": "kernels.record",
-    "rmsnorm_fn": "kernels.norm",
-    "unpatch_mamba_ssm": "kernels.patch",
+    "LayerNormGated": "mamba_tune.norm",
+    "MambaSsmNotInstalledError": "mamba_tune.patch",
+    "Mode": "mamba_tune.runtime",
+    "RMSNormGated": "mamba_tune.norm",
+    "configure": "mamba_tune.runtime",
+    "is_patched": "mamba_tune.patch",
+    "layernorm_fn": "mamba_tune.norm",
+    "mamba_chunk_scan_combined": "mamba_tune.ssd",
+    "patch_mamba_ssm": "mamba_tune.patch",
+    "patched_mamba_ssm": "mamba_tune.patch",
+    "record_calls": "mamba_tune.record",
+    "rmsnorm_fn": "mamba_tune.norm",
+    "unpatch_mamba_ssm": "mamba_tune.patch",
 }
 
 __all__ = [
@@ -66,15 +95,15 @@ __all__ = [
 ]
 
 
-# Submodules that `import kernels` used to load, still reachable as attributes.
+# Submodules that `import mamba_tune` used to load, still reachable as attributes.
 _SUBMODULES = ("bundle", "norm", "patch", "record", "runtime", "ssd", "vocab")
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"kernels.{name}")
+        return importlib.import_module(f"mamba_tune.{name}")
     if name not in _WHERE:
-        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+        raise AttributeError(f"module 'mamba_tune' has no attribute {name!r}")
     value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value  # later lookups skip this function
     return value
@@ -84,10 +113,10 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-# MAMBA_TUNE_PATCH_MAMBA_SSM=1 (or strict) patches mamba-ssm at `import kernels`; unset or 0,
-# nothing loads here. kernels.patch checks the value.
-if os.environ.get("MAMBA_TUNE_PATCH_MAMBA_SSM", "").strip() not in ("", "0"):
-    importlib.import_module("kernels.patch").patch_from_env()
-# MAMBA_TUNE_RECORD=FILE records the whole process's kernel keys from `import kernels` on.
-if os.environ.get("MAMBA_TUNE_RECORD"):
-    importlib.import_module("kernels.record").start_from_env()
+# MAMBA_TUNE_PATCH_MAMBA_SSM=1 (or strict) patches mamba-ssm at `import mamba_tune`; unset or 0,
+# nothing loads here. mamba_tune.patch checks the value.
+if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_PATCH_MAMBA_SSM", "").strip() not in ("", "0"):
+    importlib.import_module("mamba_tune.patch").patch_from_env()
+# MAMBA_TUNE_RECORD=FILE records the whole process's kernel keys from `import mamba_tune` on.
+if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_RECORD"):
+    importlib.import_module("mamba_tune.record").start_from_env()

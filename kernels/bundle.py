@@ -2,7 +2,7 @@
 
 A bundle holds the tuned Helion configs of one sweep on one GPU. The CLI writes it
 (`mamba-tune sweep`), reviews it (`diff`, `check`, `verify`) and the kernels load it at
-run time (`kernels.runtime`). This module is the single definition of the format, so it
+run time (`mamba_tune.runtime`). This module is the single definition of the format, so it
 depends on pydantic and the standard library only (no torch, no helion).
 
 Layout (keys sorted, two-space indent, lists of scalars on one line, so that a
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kernels.vocab import DtypeName
+from mamba_tune.vocab import DtypeName
 
 SCHEMA_VERSION = 1
 # A bundle is a few hundred entries at most; anything this big is not one (or is /dev/zero).

@@ -16,7 +16,7 @@ step). While patched they still run mamba-ssm's kernels and warn once (`MambaTun
 naming themselves; with `strict=True` they raise `NotImplementedError` instead.
 
 `unpatch_mamba_ssm()` puts back exactly the objects it replaced; both functions are
-idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import kernels`.
+idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import mamba_tune`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kernels.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
-from kernels.runtime import MambaTuneWarning
-from kernels.ssd.combined import mamba_chunk_scan_combined
+from mamba_tune.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
+from mamba_tune.runtime import MambaTuneWarning
+from mamba_tune.ssd.combined import mamba_chunk_scan_combined
 
 ENV_PATCH = "MAMBA_TUNE_PATCH_MAMBA_SSM"
 # The version whose modules and call signatures the patch was written against.
@@ -195,7 +195,7 @@ def unpatch_mamba_ssm() -> None:
 
 @contextlib.contextmanager
 def patched_mamba_ssm(strict: bool = False) -> Iterator[None]:
-    """`with kernels.patched_mamba_ssm(): ...` patches for the block, then restores the state before it."""
+    """`with mamba_tune.patched_mamba_ssm(): ...` patches for the block, then restores the state before it."""
     with _STATE.lock:
         was_patched, was_strict = is_patched(), _STATE.strict
         patch_mamba_ssm(strict=strict)
@@ -210,7 +210,7 @@ def patched_mamba_ssm(strict: bool = False) -> Iterator[None]:
 
 
 def patch_from_env() -> None:
-    """`import kernels` calls this: MAMBA_TUNE_PATCH_MAMBA_SSM=1 patches, =strict patches strictly."""
+    """`import mamba_tune` calls this: MAMBA_TUNE_PATCH_MAMBA_SSM=1 patches, =strict patches strictly."""
     value = os.environ.get(ENV_PATCH, "").strip().lower()
     if value in ("", "0"):
         return

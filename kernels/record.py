@@ -1,6 +1,6 @@
 """Record what runs: every kernel key a process calls, how often, and how it was served.
 
-    with kernels.record_calls("calls.json"):
+    with mamba_tune.record_calls("calls.json"):
         train_step()
 
 or, for a whole run, ``MAMBA_TUNE_RECORD=calls.json python train.py`` (the file is written
@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from kernels import runtime
+from mamba_tune import runtime
 
 FORMAT = "mamba-tune-record"
 VERSION = 1
@@ -122,7 +122,7 @@ class Recorder:
             self._counts.setdefault(k, [0])[0] += 1
 
     def forget_resolutions(self) -> None:
-        """`kernels.configure` changed the bundles or mode: resolve each signature again."""
+        """`mamba_tune.configure` changed the bundles or mode: resolve each signature again."""
         with self._lock:
             self._taken += self._take()
             self._calls.clear()
@@ -177,7 +177,7 @@ def parse_record(data: object, source: str) -> dict[str, Any]:
         raise RecordError(f"{source}: 'devices' must be a list of device names")
     if not isinstance(calls, dict):
         raise RecordError(f"{source}: 'calls' must be an object of entry key -> call record")
-    from kernels.bundle import entry_key
+    from mamba_tune.bundle import entry_key
 
     for key, rec in calls.items():
         where = f"{source}: calls[{key!r}]"

@@ -75,7 +75,7 @@ def install_cpu_dot() -> bool:
     then fail as Helion's own do."""
     ref = _helion_dot_ref()
     if isinstance(ref, str):
-        log.info("kernels.ref_mode: not installing the CPU ref-mode dot: %s", ref)
+        log.info("mamba_tune.ref_mode: not installing the CPU ref-mode dot: %s", ref)
         return False
     if not isinstance(ref, _CpuDot):
         hl.dot._ref_fn = _CpuDot(ref)

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from kernels import vocab
-from kernels.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
+from mamba_tune import vocab
+from mamba_tune.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
 
 log = logging.getLogger("mamba_tune")
 
@@ -377,7 +377,7 @@ def _check_device(rk: RuntimeKernel, args: Sequence[Any]) -> None:
 
 def _ref_mode_call(rk: RuntimeKernel) -> Callable[..., Any]:
     """The kernel in Helion ref mode, leaving the process as it found it when a call fails."""
-    from kernels.ref_mode import leave_ref_mode_context, ref_mode_context
+    from mamba_tune.ref_mode import leave_ref_mode_context, ref_mode_context
 
     def call(*args: Any) -> Any:
         before = ref_mode_context()
@@ -457,11 +457,11 @@ def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:
 
 # --- recording (kernels/record.py): the one check `lookup` pays when it is off ----------
 
-_RECORDER: Any = None  # a kernels.record.Recorder while recording
+_RECORDER: Any = None  # a mamba_tune.record.Recorder while recording
 
 
 def recorder() -> Any:
-    """The active kernels.record.Recorder, or None."""
+    """The active mamba_tune.record.Recorder, or None."""
     return _RECORDER
 
 

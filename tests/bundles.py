@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune_cli.tuning import get
-from kernels.bundle import (
+from mamba_tune.bundle import (
     Accuracy,
     Bundle,
     Entry,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bundles import bundle, entry, norm_dims
 
-from kernels.bundle import (
+from mamba_tune.bundle import (
     BundleError,
     dumps_bundle,
     entry_key,
@@ -53,7 +53,7 @@ def test_bundle_mode_follows_the_umask(tmp_path, umask, mode):
     # In a child process, so the umask of the test process stays as it is.
     p = tmp_path / "b.json"
     code = ("import os, sys; sys.path[:0] = sys.argv[3:]; os.umask(int(sys.argv[1], 8)); "
-            "from bundles import bundle, entry; from kernels.bundle import write_bundle; "
+            "from bundles import bundle, entry; from mamba_tune.bundle import write_bundle; "
             "write_bundle(bundle(entry()), sys.argv[2]); write_bundle(bundle(entry()), sys.argv[2])")
     here = Path(__file__).resolve().parent
     subprocess.run([sys.executable, "-c", code, oct(umask), str(p), str(here), str(here.parent)], check=True)

@@ -10,7 +10,7 @@ from bundles import bundle, entry, norm_dims
 from typer.testing import CliRunner
 
 from autotune_cli.app import app
-from kernels.bundle import write_bundle
+from mamba_tune.bundle import write_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -192,7 +192,7 @@ MARKUP = "[bold]x[/x]"  # rich reads both as markup: the first styles, the secon
 
 
 def test_show_and_validate_print_markup_in_data_as_text(tmp_path):
-    from kernels.bundle import Failure
+    from mamba_tune.bundle import Failure
 
     b = bundle(entry())
     fail = Failure(kernel="gated_norm_bwd", dims=norm_dims(rows=8), dtype="bf16", reason=f"boom {MARKUP} end",
@@ -268,7 +268,7 @@ def test_a_full_disk_mid_sweep_is_one_line_and_keeps_finished_combos(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (f"error: cannot write under {out}: File too large (combos "
                                                  "finished before it are kept in the bundle)"), r.stderr
     assert "Traceback" not in r.stderr
-    from kernels.bundle import load_bundle
+    from mamba_tune.bundle import load_bundle
 
     kept = load_bundle(out / "cpu" / "tiny.json")
     assert len(kept.entries) == 1

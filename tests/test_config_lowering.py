@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from kernels.bundle import find_bundles, load_bundle
-from kernels.runtime import default_bundle_paths
+from mamba_tune.bundle import find_bundles, load_bundle
+from mamba_tune.runtime import default_bundle_paths
 
 pytestmark = pytest.mark.slow
 

@@ -54,6 +54,6 @@ def test_source_hash_without_import_is_the_kernels(name):
 
 def test_bench_config_modes_are_the_runtime_modes():
     from autotune_cli.benchmarks.cli import ConfigMode
-    from kernels.runtime import Mode
+    from mamba_tune.runtime import Mode
 
     assert [m.value for m in ConfigMode] == [m.value for m in Mode]

@@ -1,6 +1,6 @@
 """The package layout: `kernels/` is the training-time library only, and no import circles.
 
-`import kernels` (what a training process does) must not load the tuner (`autotune_cli`),
+`import mamba_tune` (what a training process does) must not load the tuner (`autotune_cli`),
 an fp32 reference or a tuning record. And the project's modules must form no import
 circle; every import statement counts, function-level (lazy) ones too.
 """
@@ -14,24 +14,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kernels", "autotune_cli")
-PROJECT = (*PACKAGES, "generated_configs")
+# Folder -> package name (kernels/ installs as mamba_tune: pyproject's package-dir).
+PACKAGES = {"kernels": "mamba_tune", "autotune_cli": "autotune_cli"}
+PROJECT = (*PACKAGES.values(), "generated_configs")
 
 
 def test_import_kernels_loads_no_tuning_or_reference_module(clean_env: dict[str, str]) -> None:
     # Every public name too: they load on first use.
-    code = "import kernels, sys; [getattr(kernels, n) for n in kernels.__all__]; print('\\n'.join(sorted(sys.modules)))"
+    code = "import mamba_tune, sys; [getattr(mamba_tune, n) for n in mamba_tune.__all__]; print('\\n'.join(sorted(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     loaded = [m for m in r.stdout.split() if m.split(".")[0] in PROJECT]
-    assert "kernels.runtime" in loaded  # the probe saw the project's modules at all
+    assert "mamba_tune.runtime" in loaded  # the probe saw the project's modules at all
     bad = [m for m in loaded if m.split(".")[0] == "autotune_cli" or "reference" in m or "tuning" in m]
-    assert not bad, f"`import kernels` loads {', '.join(bad)}"
+    assert not bad, f"`import mamba_tune` loads {', '.join(bad)}"
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts[0] = PACKAGES[parts[0]]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -97,15 +99,15 @@ def test_find_cycle_finds_one() -> None:
 
 def test_import_graph_reads_the_project() -> None:
     graph = import_graph()
-    assert "kernels.runtime" in graph["kernels.norm.gated"]
-    assert "kernels.ssd.common" in graph["kernels.ssd.chunk_scan"]
+    assert "mamba_tune.runtime" in graph["mamba_tune.norm.gated"]
+    assert "mamba_tune.ssd.common" in graph["mamba_tune.ssd.chunk_scan"]
     assert "autotune_cli.tuning" in graph["autotune_cli.sweep"]
 
 
 def test_kernels_import_nothing_of_autotune_cli() -> None:
     graph = import_graph()
-    bad = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] == "kernels"
-                 for t in targets if t.split(".")[0] != "kernels")
+    bad = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] == "mamba_tune"
+                 for t in targets if t.split(".")[0] != "mamba_tune")
     assert not bad, "kernels/ imports outside itself: " + "; ".join(bad)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bundles import H200, VERSIONS, bundle, entry, norm_dims
 
-from kernels.bundle import Failure, GpuInfo, load_bundle, write_bundle
+from mamba_tune.bundle import Failure, GpuInfo, load_bundle, write_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 

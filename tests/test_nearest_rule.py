@@ -1,12 +1,12 @@
-"""The run-time nearest rule (kernels.runtime.nearest_entry): which entry a shape without its own gets."""
+"""The run-time nearest rule (mamba_tune.runtime.nearest_entry): which entry a shape without its own gets."""
 
 from __future__ import annotations
 
 from bundles import entry, norm_dims
 
-from kernels import runtime
-from kernels.norm.gated import GATED_NORM_FWD
-from kernels.ssd.chunk_scan import SSD_CHUNK_SCAN
+from mamba_tune import runtime
+from mamba_tune.norm.gated import GATED_NORM_FWD
+from mamba_tune.ssd.chunk_scan import SSD_CHUNK_SCAN
 
 
 def _scan(**over: int) -> dict[str, int]:

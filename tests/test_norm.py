@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autotune_cli.reference import gated_norm_ref
-from kernels import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
+from mamba_tune import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 
 # (dtype, atol): err(kernel) <= 2 * err(eager torch in dtype) + atol, against fp32.
 TOLS = [
@@ -113,7 +113,7 @@ def test_leading_dims_and_noncontiguous_inputs():
 
 def _spy_kernel_args(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple]:
     """The arguments each norm kernel gets from its launcher (the real runtime still runs)."""
-    from kernels.norm import gated
+    from mamba_tune.norm import gated
 
     seen: dict[str, tuple] = {}
     real_run = gated.runtime.run
@@ -171,7 +171,7 @@ def test_transposed_inputs_are_still_copied_to_rows():
 @pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "ln"])
 def test_forward_allocates_mean_only_for_layernorm(is_rms):
     # RMS calls hand back rstd in mean's place (one allocation less on the host path).
-    from kernels.norm.gated import gated_norm_fwd_kernel
+    from mamba_tune.norm.gated import gated_norm_fwd_kernel
 
     x, z, w, _, _ = _inputs(8, 64, torch.bfloat16, torch.float32, True, False)
     out, mean, rstd = gated_norm_fwd_kernel(x.view(8, 2, 32), z.view(8, 2, 32), w.view(2, 32), None, 1e-6,

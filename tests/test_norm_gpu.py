@@ -11,7 +11,7 @@ import torch
 
 from autotune_cli.benchmarks.common import capture
 from autotune_cli.reference import gated_norm_ref
-from kernels import layernorm_fn, rmsnorm_fn, runtime
+from mamba_tune import layernorm_fn, rmsnorm_fn, runtime
 
 pytestmark = pytest.mark.gpu
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.bundle import find_bundles
-from kernels.runtime import default_bundle_paths
+from mamba_tune.bundle import find_bundles
+from mamba_tune.runtime import default_bundle_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,8 +27,24 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
     for path in find_bundles(default_bundle_paths()):
         rel = path.relative_to(ROOT).as_posix()
         assert rel in names, f"{rel} missing from the wheel"
-    for pkg in ("autotune_cli", "kernels"):
-        for py in (ROOT / pkg).rglob("*.py"):
-            rel = py.relative_to(ROOT).as_posix()
+    # The folder kernels/ installs as the package mamba_tune.
+    for folder, pkg in (("autotune_cli", "autotune_cli"), ("kernels", "mamba_tune")):
+        for py in (ROOT / folder).rglob("*.py"):
+            rel = Path(pkg, py.relative_to(ROOT / folder)).as_posix()
             assert rel in names, f"{rel} missing from the wheel"
+    assert not any(n.startswith("kernels/") for n in names)  # Hugging Face's kernels package's name
     assert any(n.endswith("entry_points.txt") for n in names)
+
+    # Installed (no repository on the path): the kernels import, and the torch-free source
+    # hashes (kernel_keys) find their files in the installed package.
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    code = ("import mamba_tune, autotune_cli.kernel_keys as k; print(mamba_tune.__file__); "
+            "print(len({n: key.source_sha256() for n, key in k.all_keys().items()}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    where, count = r.stdout.split()
+    assert Path(where).is_relative_to(site) and int(count) >= 10

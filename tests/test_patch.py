@@ -1,4 +1,4 @@
-"""`kernels.patch_mamba_ssm`: what it replaces in mamba-ssm's modules, and that it restores exactly.
+"""`mamba_tune.patch_mamba_ssm`: what it replaces in mamba-ssm's modules, and that it restores exactly.
 
 mamba-ssm 2.3.2.post1's pure-Python modules are imported for real (CI installs them
 without the CUDA extensions; see mamba_ssm_cpu.py); where mamba-ssm is not installed, only
@@ -19,9 +19,9 @@ import mamba_ssm_cpu
 import pytest
 import torch
 
-import kernels
-from kernels import patch
-from kernels.runtime import MambaTuneWarning
+import mamba_tune
+from mamba_tune import patch
+from mamba_tune.runtime import MambaTuneWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 NEEDS_MAMBA_SSM = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
@@ -33,19 +33,19 @@ MAMBA2 = "mamba_ssm.modules.mamba2"
 SIMPLE = "mamba_ssm.modules.mamba2_simple"
 # (module, attribute) -> what the patch must put there.
 EXPECTED = {
-    (NORM, "rmsnorm_fn"): kernels.rmsnorm_fn,
-    (NORM, "layernorm_fn"): kernels.layernorm_fn,
-    (NORM, "RMSNorm"): kernels.RMSNormGated,
-    (NORM, "LayerNorm"): kernels.LayerNormGated,
-    (SSD, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
-    (SSD, "rmsnorm_fn"): kernels.rmsnorm_fn,
-    (MAMBA2, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
-    (MAMBA2, "RMSNormGated"): kernels.RMSNormGated,
-    (SIMPLE, "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
-    (SIMPLE, "RMSNormGated"): kernels.RMSNormGated,
-    (SIMPLE, "LayerNorm"): kernels.LayerNormGated,
-    ("mamba_ssm.modules.mamba3", "RMSNormGated"): kernels.RMSNormGated,
-    ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): kernels.mamba_chunk_scan_combined,
+    (NORM, "rmsnorm_fn"): mamba_tune.rmsnorm_fn,
+    (NORM, "layernorm_fn"): mamba_tune.layernorm_fn,
+    (NORM, "RMSNorm"): mamba_tune.RMSNormGated,
+    (NORM, "LayerNorm"): mamba_tune.LayerNormGated,
+    (SSD, "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
+    (SSD, "rmsnorm_fn"): mamba_tune.rmsnorm_fn,
+    (MAMBA2, "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
+    (MAMBA2, "RMSNormGated"): mamba_tune.RMSNormGated,
+    (SIMPLE, "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
+    (SIMPLE, "RMSNormGated"): mamba_tune.RMSNormGated,
+    (SIMPLE, "LayerNorm"): mamba_tune.LayerNormGated,
+    ("mamba_ssm.modules.mamba3", "RMSNormGated"): mamba_tune.RMSNormGated,
+    ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
 }
 NOT_PROVIDED = [(SSD, "mamba_split_conv1d_scan_combined"), (MAMBA2, "mamba_split_conv1d_scan_combined"),
                 (SIMPLE, "mamba_split_conv1d_scan_combined"),
@@ -62,9 +62,9 @@ def mamba_ssm() -> Iterator[dict[str, ModuleType]]:
     import importlib
 
     names = {mod for mod, _ in [*EXPECTED, *NOT_PROVIDED]}
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
     yield {name: importlib.import_module(name) for name in names}
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
 
 
 def _snapshot(mods: dict[str, ModuleType]) -> dict[tuple[str, str], object]:
@@ -73,44 +73,44 @@ def _snapshot(mods: dict[str, ModuleType]) -> dict[tuple[str, str], object]:
 
 def test_patch_replaces_every_name_and_unpatch_restores_the_same_objects(mamba_ssm):
     before = _snapshot(mamba_ssm)
-    assert not kernels.is_patched()
-    kernels.patch_mamba_ssm()
-    assert kernels.is_patched()
+    assert not mamba_tune.is_patched()
+    mamba_tune.patch_mamba_ssm()
+    assert mamba_tune.is_patched()
     for (mod, attr), ours in EXPECTED.items():
         assert getattr(mamba_ssm[mod], attr) is ours, f"{mod}.{attr} not replaced"
     for mod, attr in NOT_PROVIDED:
         shim = getattr(mamba_ssm[mod], attr)
         assert shim is not before[(mod, attr)] and shim.__wrapped__ is before[(mod, attr)]
-    kernels.unpatch_mamba_ssm()
-    assert not kernels.is_patched()
+    mamba_tune.unpatch_mamba_ssm()
+    assert not mamba_tune.is_patched()
     after = _snapshot(mamba_ssm)
     assert all(after[k] is before[k] for k in before), [k for k in before if after[k] is not before[k]]
 
 
 def test_patching_twice_and_unpatching_twice_are_no_ops(mamba_ssm):
     before = _snapshot(mamba_ssm)
-    kernels.unpatch_mamba_ssm()  # not patched: nothing happens
+    mamba_tune.unpatch_mamba_ssm()  # not patched: nothing happens
     assert _snapshot(mamba_ssm) == before
-    kernels.patch_mamba_ssm()
+    mamba_tune.patch_mamba_ssm()
     patched = _snapshot(mamba_ssm)
-    kernels.patch_mamba_ssm()
+    mamba_tune.patch_mamba_ssm()
     again = _snapshot(mamba_ssm)
     assert all(again[k] is patched[k] for k in patched)
-    kernels.unpatch_mamba_ssm()
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
     after = _snapshot(mamba_ssm)
     assert all(after[k] is before[k] for k in before)
 
 
 def test_unpatch_leaves_a_name_someone_else_replaced_after_the_patch(mamba_ssm):
     original = mamba_ssm[MAMBA2].RMSNormGated
-    kernels.patch_mamba_ssm()
+    mamba_tune.patch_mamba_ssm()
     mine = object()
     mamba_ssm[MAMBA2].RMSNormGated = mine
     try:
-        kernels.unpatch_mamba_ssm()
+        mamba_tune.unpatch_mamba_ssm()
         assert mamba_ssm[MAMBA2].RMSNormGated is mine
-        assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is not kernels.mamba_chunk_scan_combined
+        assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is not mamba_tune.mamba_chunk_scan_combined
     finally:
         # The stand-in must not outlive this test: later tests build real Mamba2 modules.
         mamba_ssm[MAMBA2].RMSNormGated = original
@@ -118,21 +118,21 @@ def test_unpatch_leaves_a_name_someone_else_replaced_after_the_patch(mamba_ssm):
 
 def test_context_manager_restores_the_state_before_it(mamba_ssm):
     before = _snapshot(mamba_ssm)
-    with kernels.patched_mamba_ssm():
-        assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
-    assert not kernels.is_patched()
+    with mamba_tune.patched_mamba_ssm():
+        assert mamba_ssm[MAMBA2].mamba_chunk_scan_combined is mamba_tune.mamba_chunk_scan_combined
+    assert not mamba_tune.is_patched()
     assert all(_snapshot(mamba_ssm)[k] is before[k] for k in before)
-    kernels.patch_mamba_ssm()
-    with kernels.patched_mamba_ssm(strict=True):
+    mamba_tune.patch_mamba_ssm()
+    with mamba_tune.patched_mamba_ssm(strict=True):
         assert patch._STATE.strict
-    assert kernels.is_patched() and not patch._STATE.strict  # patched before: still patched after
-    with pytest.raises(RuntimeError, match="boom"), kernels.patched_mamba_ssm():
+    assert mamba_tune.is_patched() and not patch._STATE.strict  # patched before: still patched after
+    with pytest.raises(RuntimeError, match="boom"), mamba_tune.patched_mamba_ssm():
         raise RuntimeError("boom")
-    assert kernels.is_patched()
+    assert mamba_tune.is_patched()
 
 
 def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
-    kernels.patch_mamba_ssm()
+    mamba_tune.patch_mamba_ssm()
     shim = mamba_ssm[MAMBA2].mamba_split_conv1d_scan_combined
     # Called without arguments, mamba-ssm's own function raises TypeError: proof it ran.
     with pytest.warns(MambaTuneWarning, match=r"no kernel for mamba_split_conv1d_scan_combined yet .*"
@@ -150,7 +150,7 @@ def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
 
 
 def test_strict_refuses_what_is_not_provided(mamba_ssm):
-    kernels.patch_mamba_ssm(strict=True)
+    mamba_tune.patch_mamba_ssm(strict=True)
     for mod, attr in NOT_PROVIDED:
         with pytest.raises(NotImplementedError, match=f"no kernel for {attr} yet.*strict=True"):
             getattr(mamba_ssm[mod], attr)(None)
@@ -160,12 +160,12 @@ def test_a_norm_built_before_the_patch_runs_the_kernels(mamba_ssm):
     norm = mamba_ssm[NORM].RMSNorm(32, eps=1e-5, group_size=16, norm_before_gate=False)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     x, z = torch.randn(3, 5, 32), torch.randn(3, 5, 32)
-    kernels.patch_mamba_ssm()
+    mamba_tune.patch_mamba_ssm()
     out = norm(x, z)  # mamba-ssm's class, whose forward calls layernorm_gated.rmsnorm_fn: ours
-    expected = kernels.rmsnorm_fn(x, norm.weight, None, z=z, eps=1e-5, group_size=16, norm_before_gate=False)
+    expected = mamba_tune.rmsnorm_fn(x, norm.weight, None, z=z, eps=1e-5, group_size=16, norm_before_gate=False)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     built = mamba_ssm[MAMBA2].Mamba2(64, d_state=16, headdim=16, ngroups=2, chunk_size=16, use_mem_eff_path=False)
-    assert type(built.norm) is kernels.RMSNormGated  # built while patched
+    assert type(built.norm) is mamba_tune.RMSNormGated  # built while patched
     assert built.norm.group_size == 64  # d_ssm 128 / ngroups 2
 
 
@@ -182,9 +182,9 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 @NEEDS_MAMBA_SSM
 def test_environment_variable_patches_at_import():
     code = ("import mamba_ssm_cpu; mamba_ssm_cpu.load()\n"
-            "import kernels\n"
+            "import mamba_tune\n"
             "from mamba_ssm.modules import mamba2\n"
-            "print(kernels.is_patched(), mamba2.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined)")
+            "print(mamba_tune.is_patched(), mamba2.mamba_chunk_scan_combined is mamba_tune.mamba_chunk_scan_combined)")
     r = _run(code, MAMBA_TUNE_PATCH_MAMBA_SSM="1")
     assert r.stdout.split() == ["True", "True"], r.stderr[-2000:]
 
@@ -194,23 +194,23 @@ def test_environment_variable_patches_at_import():
 def test_environment_variable_values(mamba_ssm, monkeypatch, value, patched, strict):
     monkeypatch.setenv(patch.ENV_PATCH, value)
     patch.patch_from_env()
-    assert kernels.is_patched() is patched and patch._STATE.strict is strict
+    assert mamba_tune.is_patched() is patched and patch._STATE.strict is strict
 
 
 def test_environment_variable_bad_value(monkeypatch):
     monkeypatch.setenv(patch.ENV_PATCH, "yes")
     with pytest.raises(ValueError, match="MAMBA_TUNE_PATCH_MAMBA_SSM='yes': expected 1, strict or 0"):
         patch.patch_from_env()
-    assert not kernels.is_patched()
+    assert not mamba_tune.is_patched()
 
 
 def test_without_mamba_ssm_patching_raises_an_import_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "mamba_ssm", None)  # what `import mamba_ssm` then finds: nothing
     with pytest.raises(ImportError, match=r"^patch_mamba_ssm: the mamba-ssm package is not installed "
                                           r"\(pip install mamba-ssm==2.3.2.post1\)$") as info:
-        kernels.patch_mamba_ssm()
-    assert isinstance(info.value, kernels.MambaSsmNotInstalledError)
-    assert not kernels.is_patched()
+        mamba_tune.patch_mamba_ssm()
+    assert isinstance(info.value, mamba_tune.MambaSsmNotInstalledError)
+    assert not mamba_tune.is_patched()
 
 
 @pytest.mark.slow
@@ -224,7 +224,7 @@ def test_without_mamba_ssm_the_environment_variable_fails_the_import():
 @NEEDS_MAMBA_SSM
 def test_mamba_ssm_whose_package_does_not_import_gets_the_cause():
     r = _run("try:\n    import mamba_ssm\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('IMPORTS')\n"
-             "import kernels; kernels.patch_mamba_ssm()")
+             "import mamba_tune; mamba_tune.patch_mamba_ssm()")
     if "IMPORTS" in r.stderr:
         pytest.skip("mamba-ssm's package imports here (its CUDA extensions are built)")
     assert r.returncode != 0

@@ -14,7 +14,7 @@ import mamba_ssm_cpu
 import pytest
 import torch
 
-import kernels
+import mamba_tune
 from autotune_cli.reference import gated_norm_ref, ssd_chunked_ref
 from autotune_cli.tuning.ssd.inputs import SSDInputs
 
@@ -35,9 +35,9 @@ def _assert_bounded(name: str, ours: torch.Tensor, ref: torch.Tensor, theirs: to
 @pytest.fixture(autouse=True)
 def _unpatched():
     mamba_ssm_cpu.load()
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
     yield
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
 
 
 def test_patched_mamba2_matches_mamba_ssm_at_nano_dims():
@@ -48,16 +48,16 @@ def test_patched_mamba2_matches_mamba_ssm_at_nano_dims():
     dims = {"d_model": 2048, "d_state": 128, "headdim": 64, "ngroups": 8, "chunk_size": 128,
             "use_mem_eff_path": False, "device": "cuda"}
     theirs = Mamba2(**dims, dtype=torch.bfloat16)
-    with kernels.patched_mamba_ssm():
+    with mamba_tune.patched_mamba_ssm():
         ours = Mamba2(**dims, dtype=torch.bfloat16)
-    assert type(ours.norm) is kernels.RMSNormGated
+    assert type(ours.norm) is mamba_tune.RMSNormGated
     ours.load_state_dict(theirs.state_dict())
     ref = copy.deepcopy(theirs).float()
     u = torch.randn(2, 4096, 2048, device="cuda")
     with torch.no_grad():
         out_ref = ref(u)
         out_theirs = theirs(u.bfloat16())
-        with kernels.patched_mamba_ssm():
+        with mamba_tune.patched_mamba_ssm():
             out_ours = ours(u.bfloat16())
     _assert_bounded("Mamba2 forward", out_ours, out_ref, out_theirs, 1e-2)
 
@@ -73,7 +73,7 @@ def test_norm_with_the_modules_strided_z_matches_mamba_ssm(weight_dtype):
     w = (1 + 0.1 * torch.randn(d, device="cuda")).to(weight_dtype)
     kw = {"eps": 1e-5, "group_size": d // ngroups, "norm_before_gate": False}
     ref = gated_norm_ref(x.float(), w.float(), None, z.float(), 1e-5, d // ngroups, False, True)
-    _assert_bounded("norm", kernels.rmsnorm_fn(x, w, None, z=z, **kw), ref, theirs(x, w, None, z=z, **kw), 1e-2)
+    _assert_bounded("norm", mamba_tune.rmsnorm_fn(x, w, None, z=z, **kw), ref, theirs(x, w, None, z=z, **kw), 1e-2)
 
 
 def test_varlen_states_match_mamba_ssm():
@@ -88,7 +88,7 @@ def test_varlen_states_match_mamba_ssm():
                                       torch.tensor(lengths, device="cuda"))[None]
     kw = {"D": i.D, "dt_bias": i.dt_bias, "seq_idx": seq_idx, "cu_seqlens": cu, "dt_softplus": True,
           "return_varlen_states": True}
-    _, ours = kernels.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, 128, **kw)
+    _, ours = mamba_tune.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, 128, **kw)
     _, their_states = theirs(i.x, i.dt, i.A, i.B, i.C, 128, **kw)
     u = i.upcast()
     ref = torch.stack([

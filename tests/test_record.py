@@ -1,4 +1,4 @@
-"""Recording what runs (kernels.record) and tuning it (`mamba-tune sweep --from-record`)."""
+"""Recording what runs (mamba_tune.record) and tuning it (`mamba-tune sweep --from-record`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import torch
 from bundles import bundle, entry, norm_dims
 from typer.testing import CliRunner
 
-import kernels
+import mamba_tune
 from autotune_cli.app import app
 from autotune_cli.from_record import combos_from_record
-from kernels import record, runtime
-from kernels.bundle import entry_key, load_bundle, write_bundle
+from mamba_tune import record, runtime
+from mamba_tune.bundle import entry_key, load_bundle, write_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def bundles_at(tmp_path):
 def _norm(rows: int) -> torch.Tensor:
     """A real gated RMSNorm forward (Helion ref mode on CPU): d 64, groups of 32, z after the norm."""
     x = torch.randn(rows, 64, dtype=torch.bfloat16)
-    return kernels.rmsnorm_fn(x, torch.ones(64), None, z=torch.randn_like(x), group_size=32)
+    return mamba_tune.rmsnorm_fn(x, torch.ones(64), None, z=torch.randn_like(x), group_size=32)
 
 
 def _dims(rows: int) -> dict[str, int]:
@@ -61,7 +61,7 @@ def test_record_calls_writes_keys_counts_and_how_served(tmp_path, bundles_at):
     bundles_at(bundle(entry(dims=_dims(32))))
     path = tmp_path / "rec.json"
     assert runtime.recorder() is None  # off unless asked for
-    with torch.no_grad(), kernels.record_calls(path):
+    with torch.no_grad(), mamba_tune.record_calls(path):
         for rows, n in ((32, 3), (64, 2), (1024, 1)):
             for _ in range(n):
                 _norm(rows)
@@ -80,9 +80,9 @@ def test_records_merge_and_follow_configure(tmp_path, bundles_at):
     path = tmp_path / "rec.json"
     bundles_at()
     with torch.no_grad():
-        with kernels.record_calls(path):
+        with mamba_tune.record_calls(path):
             _norm(32)
-        with kernels.record_calls(path):
+        with mamba_tune.record_calls(path):
             _norm(32)
             bundles_at(bundle(entry(dims=_dims(32))))  # configure() mid-recording: resolved again
             _norm(32)
@@ -92,9 +92,9 @@ def test_records_merge_and_follow_configure(tmp_path, bundles_at):
 
 
 def test_one_recorder_at_a_time(tmp_path):
-    with kernels.record_calls(tmp_path / "a.json"):
+    with mamba_tune.record_calls(tmp_path / "a.json"):
         with pytest.raises(RuntimeError, match="already recording kernel calls to .*a.json"):
-            with kernels.record_calls(tmp_path / "b.json"):
+            with mamba_tune.record_calls(tmp_path / "b.json"):
                 pass
     assert not (tmp_path / "a.json").exists()  # nothing called, nothing written
 
@@ -104,9 +104,9 @@ def test_env_var_records_each_process_into_one_file(tmp_path):
     path = tmp_path / "rec.json"
     env = {**os.environ, "HELION_INTERPRET": "1", "MAMBA_TUNE_RECORD": str(path),
            "MAMBA_TUNE_CONFIGS": str(tmp_path / "no-bundles")}
-    code = ("import sys, torch, kernels\nx = torch.randn(32, 64, dtype=torch.bfloat16)\n"
+    code = ("import sys, torch, mamba_tune\nx = torch.randn(32, 64, dtype=torch.bfloat16)\n"
             "with torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n"
-            "        kernels.rmsnorm_fn(x, torch.ones(64), None, z=x, group_size=32)\n")
+            "        mamba_tune.rmsnorm_fn(x, torch.ones(64), None, z=x, group_size=32)\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=env, cwd=ROOT, stderr=subprocess.PIPE,
                               text=True) for n in (1, 2, 3)]
     for p in procs:
@@ -177,7 +177,7 @@ def test_sweep_from_record_cpu_dry_run_tunes_exactly_the_recorded_keys(tmp_path,
     """The documented loop on CPU: record a real call, then tune what it recorded."""
     bundles_at()
     rec = tmp_path / "calls.json"
-    with torch.no_grad(), kernels.record_calls(rec):
+    with torch.no_grad(), mamba_tune.record_calls(rec):
         _norm(48)
         _norm(48)
     recorded = set(json.loads(rec.read_text())["calls"])

@@ -1,7 +1,7 @@
 """Helion ref mode on CPU without the test suite's help (kernels/ref_mode.py).
 
 The SSD kernels' tensor-core dots must run on CPU tensors in ref mode from a plain
-`import kernels` (training code, `mamba-tune sweep --cpu-dry-run`), not only under a
+`import mamba_tune` (training code, `mamba-tune sweep --cpu-dry-run`), not only under a
 test fixture; and a call that fails in ref mode must leave the process able to run the
 next one.
 """
@@ -18,7 +18,7 @@ import helion.language as hl
 import pytest
 import torch
 
-from kernels import ref_mode
+from mamba_tune import ref_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -27,7 +27,7 @@ TINY = ROOT / "tests" / "data" / "tiny.yaml"
 def test_cpu_dot_is_installed_on_the_pinned_helion() -> None:
     # If this fails after a Helion upgrade, its ref-mode dot changed: check whether it
     # runs on CPU tensors now (then drop kernels/ref_mode.install_cpu_dot) or adapt it.
-    import kernels.ssd  # noqa: F401  (installs it)
+    import mamba_tune.ssd  # noqa: F401  (installs it)
 
     assert importlib.metadata.version("helion") == "1.5.0"
     assert ref_mode.cpu_dot_installed()
@@ -82,12 +82,12 @@ def _product_env(clean_env: dict[str, str]) -> dict[str, str]:
 def test_combined_runs_on_cpu_in_a_plain_process(clean_env: dict[str, str]) -> None:
     # A fresh process without the test suite's fixtures, as a training script on a CPU runs.
     code = """
-import torch, kernels
+import torch, mamba_tune
 from autotune_cli.reference import ssd_recurrent_ref
 from autotune_cli.tuning.ssd.inputs import SSDInputs
 dims = dict(batch=1, seqlen=40, nheads=4, headdim=16, ngroups=2, dstate=16, chunk_size=16)
 i = SSDInputs.make(dims, torch.bfloat16, "cpu", 0)
-y = kernels.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, i.chunk_size)
+y = mamba_tune.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, i.chunk_size)
 u = i.upcast()
 ref, _ = ssd_recurrent_ref(u.x, u.dt, u.A, u.B, u.C, **u.kwargs())
 print(float((y.float() - ref).abs().max()))

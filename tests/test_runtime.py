@@ -12,9 +12,9 @@ import torch
 from bundles import H200, bundle, entry, norm_dims
 
 from autotune_cli.tuning import all_kernels
-from kernels import runtime
-from kernels.bundle import GpuInfo, write_bundle
-from kernels.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
+from mamba_tune import runtime
+from mamba_tune.bundle import GpuInfo, write_bundle
+from mamba_tune.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def _scan_dims(**over: int) -> dict[str, int]:
 
 
 def test_ssd_nearest_varies_heads_not_groups_or_head_shape(store_for):
-    from kernels.ssd.bmm import SSD_BMM
-    from kernels.ssd.chunk_scan import SSD_CHUNK_SCAN
+    from mamba_tune.ssd.bmm import SSD_BMM
+    from mamba_tune.ssd.chunk_scan import SSD_CHUNK_SCAN
 
     assert SSD_CHUNK_SCAN.size_dims == ("batch", "seqlen", "nheads")
     assert SSD_BMM.size_dims == ("batch", "seqlen")  # F4 has no head dim
@@ -158,7 +158,7 @@ def test_env_mode_override(monkeypatch):
 
 def test_committed_bundles_load_for_their_gpu():
     """Every committed bundle is valid and indexes under its own compute capability."""
-    from kernels.bundle import find_bundles, load_bundle
+    from mamba_tune.bundle import find_bundles, load_bundle
 
     paths = find_bundles(runtime.default_bundle_paths())
     for p in paths:
@@ -179,7 +179,7 @@ def test_autotune_raises_in_compiled_mode(clean_env):
     code = (
         "import torch\n"
         "from autotune_cli.tuning.norm import GATED_NORM_FWD as tk\n"
-        "from kernels.runtime import RuntimeAutotuneError\n"
+        "from mamba_tune.runtime import RuntimeAutotuneError\n"
         "p = tk.make_problem(dict(rows=8, d=64, group_size=32, has_z=1, norm_before_gate=0, has_bias=0,"
         " is_rms=1, weight_fp32=1), torch.bfloat16, torch.device('cpu'), 0)\n"
         "try:\n    tk.kernel.bind(p.args).autotune(p.args)\nexcept RuntimeAutotuneError:\n    print('refused')\n"
@@ -226,8 +226,8 @@ def test_signature_separates_what_compiled_code_bakes_in():
 
 NORM_CALL = """
 import torch
-from kernels import runtime
-from kernels.norm.gated import GATED_NORM_FWD
+from mamba_tune import runtime
+from mamba_tune.norm.gated import GATED_NORM_FWD
 x = torch.randn(64, 2, 32, dtype=torch.bfloat16)
 w = torch.ones(2, 32)
 args = (x, x, w, None, 1e-6, False, True)

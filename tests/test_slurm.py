@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 
-from kernels.bundle import load_bundle
+from mamba_tune.bundle import load_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "tests/data/tiny.yaml"

@@ -107,11 +107,11 @@ def test_importing_the_app_loads_no_pydantic_or_yaml(clean_env: dict[str, str]) 
 
 
 def test_kernels_loads_its_names_on_first_use(clean_env: dict[str, str]) -> None:
-    # `import kernels` costs nothing until a kernel is used; the public names and the
-    # submodules an `import kernels` user may reach stay available as attributes.
-    code = ("import kernels, sys; before = 'torch' in sys.modules; "
-            "names = [getattr(kernels, n) for n in kernels.__all__]; kernels.runtime.Mode; kernels.ssd; "
-            "print(before, 'helion' in sys.modules, callable(kernels.mamba_chunk_scan_combined))")
+    # `import mamba_tune` costs nothing until a kernel is used; the public names and the
+    # submodules an `import mamba_tune` user may reach stay available as attributes.
+    code = ("import mamba_tune, sys; before = 'torch' in sys.modules; "
+            "names = [getattr(mamba_tune, n) for n in mamba_tune.__all__]; mamba_tune.runtime.Mode; mamba_tune.ssd; "
+            "print(before, 'helion' in sys.modules, callable(mamba_tune.mamba_chunk_scan_combined))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

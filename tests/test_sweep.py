@@ -16,7 +16,7 @@ import pytest
 from filelock import FileLock
 from rich.console import Console
 
-from kernels.bundle import load_bundle
+from mamba_tune.bundle import load_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "tests/data/tiny.yaml"
@@ -215,7 +215,7 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
     from autotune_cli.plan import plan
     from autotune_cli.spec import load_spec
     from autotune_cli.sweep import Sweep, SweepOptions
-    from kernels.bundle import write_bundle
+    from mamba_tune.bundle import write_bundle
 
     spec = load_spec(small_spec(tmp_path))
     combos = [c for c in plan(spec) if c.kernel == "gated_norm_fwd"][:2]

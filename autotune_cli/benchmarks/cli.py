@@ -14,9 +14,9 @@ from rich.table import Table
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
 from autotune_cli.kernel_keys import ModelShape
 from autotune_cli.presets import MODEL_PRESETS
-from kernels.vocab import torch_dtype as to_torch_dtype
+from mamba_tune.vocab import torch_dtype as to_torch_dtype
 
-# --config-mode's choices: kernels.runtime.Mode's values (not imported: kernels.runtime loads
+# --config-mode's choices: mamba_tune.runtime.Mode's values (not imported: mamba_tune.runtime loads
 # torch, and `mamba-tune --help` builds every command's options).
 ConfigMode = enum.Enum("ConfigMode", {m: m for m in ("exact", "nearest", "default")}, type=str)
 
@@ -68,7 +68,7 @@ def bench_command(
     if not torch.cuda.is_available():
         fail("no CUDA GPU on this machine: `mamba-tune bench` times kernels on the GPU")
     from autotune_cli.benchmarks.common import copy_gbps, machine_line
-    from kernels import runtime
+    from mamba_tune import runtime
 
     if config_mode is not None:
         runtime.configure(mode=config_mode.value)
@@ -131,6 +131,6 @@ def bench_command(
 
 def write_results(path: Path, header: dict[str, Any], rows: list[dict[str, Any]], complete: bool) -> None:
     """Write the benchmark JSON atomically (a reader never sees half a file)."""
-    from kernels.bundle import write_text_atomic
+    from mamba_tune.bundle import write_text_atomic
 
     write_text_atomic(path, json.dumps({**header, "complete": complete, "rows": rows}, indent=2))

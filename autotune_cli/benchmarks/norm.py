@@ -18,10 +18,10 @@ from autotune_cli.benchmarks.common import graph_ms, wall_ms
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning import norm as norm_tuning
-from kernels import runtime
-from kernels.bundle import entry_key
-from kernels.norm import gated
-from kernels.vocab import dtype_name
+from mamba_tune import runtime
+from mamba_tune.bundle import entry_key
+from mamba_tune.norm import gated
+from mamba_tune.vocab import dtype_name
 
 
 def _mamba_ssm() -> Any:

@@ -37,8 +37,8 @@ from autotune_cli.benchmarks.common import graph_ms, wall_ms
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
-from kernels import runtime
-from kernels.ssd import (
+from mamba_tune import runtime
+from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,
     chunk_scan,
@@ -47,8 +47,8 @@ from kernels.ssd import (
     combined,
     state_passing,
 )
-from kernels.ssd.common import nchunks_of
-from kernels.vocab import dtype_name
+from mamba_tune.ssd.common import nchunks_of
+from mamba_tune.vocab import dtype_name
 
 
 def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:

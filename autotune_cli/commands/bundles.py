@@ -14,12 +14,12 @@ from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, Comm
 from autotune_cli.kernel_keys import all_keys
 
 if TYPE_CHECKING:
-    from kernels.bundle import Bundle
+    from mamba_tune.bundle import Bundle
 
 
 def check_bundle_kernels(bundle: Bundle, source: str) -> None:
     """Entries must name known kernels with exactly their key dims."""
-    from kernels.bundle import BundleError
+    from mamba_tune.bundle import BundleError
 
     kernels = all_keys()
     for key, entry in bundle.entries.items():
@@ -52,7 +52,7 @@ def validate_command(
     Specs are checked without torch or helion; a bundle's configs are checked against
     their kernels' config spaces, which imports both (only when a bundle is given)."""
     from autotune_cli.spec import SpecError, load_spec
-    from kernels.bundle import BundleError, load_bundle
+    from mamba_tune.bundle import BundleError, load_bundle
 
     files = _files(paths)
     if not files:
@@ -102,7 +102,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
 ) -> None:
     """Show a bundle's provenance and entries as a table."""
-    from kernels.bundle import BundleError, dumps_bundle, load_bundle
+    from mamba_tune.bundle import BundleError, dumps_bundle, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)

@@ -95,7 +95,7 @@ def merge_command(
 ) -> None:
     """Merge bundles; a key in several keeps the fastest entry (same GPU and versions only)."""
     from autotune_cli.merge import MergeError, merge_bundles
-    from kernels.bundle import write_bundle
+    from mamba_tune.bundle import write_bundle
 
     try:
         merged, notes = merge_bundles(bundles, allow_mixed=allow_mixed)

@@ -10,7 +10,7 @@ import typer
 import typer.core
 from rich.console import Console
 
-from kernels.vocab import DTYPES
+from mamba_tune.vocab import DTYPES
 
 # Results (tables, JSON) go to stdout; progress and diagnostics to stderr. Piped output
 # (CI logs, files) gets a wide fixed width instead of rich's 80-column default.
@@ -22,7 +22,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
-# --dtype's choices: the dtype names of kernels.vocab.
+# --dtype's choices: the dtype names of mamba_tune.vocab.
 DtypeChoice = enum.Enum("DtypeChoice", {name: name for name in DTYPES}, type=str)
 
 

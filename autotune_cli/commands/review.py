@@ -21,7 +21,7 @@ from autotune_cli.commands.common import EXIT_CHECK_FAILED, Command, err, fail, 
 
 if TYPE_CHECKING:
     from autotune_cli.review.verify import VerifyResult
-    from kernels.bundle import Entry
+    from mamba_tune.bundle import Entry
 
 
 class OutputFormat(str, enum.Enum):
@@ -99,7 +99,7 @@ def check_command(
     """Coverage gate: every combo of SPEC has a fresh entry (kernel source and versions) for its GPU."""
     from autotune_cli.review import check as c
     from autotune_cli.spec import SpecError, load_spec
-    from kernels.bundle import BundleError
+    from mamba_tune.bundle import BundleError
 
     try:
         spec = load_spec(spec_path)
@@ -157,7 +157,7 @@ def verify_command(
 ) -> None:
     """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats the kernel's default config."""
     from autotune_cli.review import verify as v
-    from kernels.bundle import BundleError, load_bundle
+    from mamba_tune.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)
@@ -209,7 +209,7 @@ def report_command(
 ) -> None:
     """Speedup plots (PNG, one per kernel) and a markdown summary (DIR/report.md) of BUNDLE."""
     from autotune_cli.review.report import ReportDependencyError, write_report
-    from kernels.bundle import BundleError, load_bundle
+    from mamba_tune.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from autotune_cli.plan import Combo
     from autotune_cli.spec import Budget, Tolerance
     from autotune_cli.sweep import Sweep, SweepResult
-    from kernels.bundle import SpecRef
+    from mamba_tune.bundle import SpecRef
 
 DEFAULT_OUT = Path("generated_configs")
 
@@ -131,7 +131,7 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
     from autotune_cli.from_record import combos_from_record
     from autotune_cli.presets import GPU_SKUS
     from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
-    from kernels.record import RecordError
+    from mamba_tune.record import RecordError
 
     try:
         rp = combos_from_record(path, force=force)
@@ -159,7 +159,7 @@ def sweep_command(
     spec_path: Annotated[Path | None, typer.Argument(
         metavar="SPEC", help="Sweep spec (YAML); or give --from-record.", exists=True, dir_okay=False)] = None,
     from_record: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="Tune the kernel keys of a call record (kernels.record_calls / MAMBA_TUNE_RECORD) that had no exact "
+        metavar="FILE", help="Tune the kernel keys of a call record (mamba_tune.record_calls / MAMBA_TUNE_RECORD) that had no exact "
              "entry (all of them with --force) instead of a spec's.", dir_okay=False)] = None,
     gpu: Annotated[str | None, typer.Option(
         metavar="SKU", help="With --from-record: target GPU SKU (default: the GPU the record's calls ran on).")] = None,
@@ -195,7 +195,7 @@ def sweep_command(
     from autotune_cli.plan import plan
     from autotune_cli.spec import SpecError, load_spec
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
-    from kernels.bundle import SpecRef
+    from mamba_tune.bundle import SpecRef
 
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")

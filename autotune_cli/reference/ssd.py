@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels.vocab import DT_LIMIT_NONE
+from mamba_tune.vocab import DT_LIMIT_NONE
 
 
 def ssd_dt_ref(

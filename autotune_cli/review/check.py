@@ -39,7 +39,7 @@ from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
-from kernels.bundle import Bundle, Entry, find_bundles, load_bundle
+from mamba_tune.bundle import Bundle, Entry, find_bundles, load_bundle
 
 PACKAGES = ("helion", "torch", "triton")
 

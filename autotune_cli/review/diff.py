@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.review.sources import BundleSet, SourceError
-from kernels.bundle import Bundle, Entry, Failure
+from mamba_tune.bundle import Bundle, Entry, Failure
 
 # Provenance fields that change on every run and say nothing about the configs.
 _PROVENANCE_NOISE = {"created", "updated", "git_sha"}

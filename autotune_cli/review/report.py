@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kernels.bundle import Bundle, Entry
+from mamba_tune.bundle import Bundle, Entry
 
 
 class ReportDependencyError(RuntimeError):

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from kernels.bundle import Bundle, BundleError, find_bundles, load_bundle, parse_bundle
+from mamba_tune.bundle import Bundle, BundleError, find_bundles, load_bundle, parse_bundle
 
 
 class SourceError(ValueError):

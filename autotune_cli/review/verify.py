@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune_cli import environment as env
 from autotune_cli.spec import Tolerance
-from kernels.bundle import Bundle, Entry, GpuInfo, Versions
+from mamba_tune.bundle import Bundle, Entry, GpuInfo, Versions
 
 
 class VerifyInputError(Exception):
@@ -158,7 +158,7 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
 
     from autotune_cli.tuner import TuneFailure, accuracy_reason, bench_ms, check_accuracy
     from autotune_cli.tuning import all_kernels
-    from kernels.vocab import torch_dtype
+    from mamba_tune.vocab import torch_dtype
 
     res = EntryResult(key=entry.key, ok=False, reasons=[], recorded_tuned_ms=entry.timing.tuned_ms,
                       recorded_default_ms=entry.timing.default_ms)

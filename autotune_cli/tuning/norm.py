@@ -14,7 +14,7 @@ from autotune_cli.tuning.record import (
     TunableKernel,
     mamba_ssm_version,
 )
-from kernels.norm import gated
+from mamba_tune.norm import gated
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """The tuning record of a kernel: what the sweep needs beyond what the runtime declares.
 
-A `TunableKernel` wraps the kernel's `kernels.runtime.RuntimeKernel` (name, key dims from
+A `TunableKernel` wraps the kernel's `mamba_tune.runtime.RuntimeKernel` (name, key dims from
 the call's arguments, default config) and adds how to build inputs for a shape, how to
 check outputs against the fp32 reference, what to time as a baseline and where the
 search starts.
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from autotune_cli.kernel_keys import ModelShape
-from kernels.runtime import RuntimeKernel
+from mamba_tune.runtime import RuntimeKernel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Gated RMSNorm / LayerNorm family."""
 
-from kernels.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
+from mamba_tune.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 
 __all__ = ["LayerNormGated", "RMSNormGated", "layernorm_fn", "rmsnorm_fn"]

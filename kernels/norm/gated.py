@@ -22,7 +22,7 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime, vocab
+from mamba_tune import runtime, vocab
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)

@@ -12,13 +12,13 @@ ssd_chunk_scan_chunk_state_bwd_dx, ssd_chunk_state_scan_bwd_dbdc, ssd_chunk_cums
 their tuning records are in `autotune_cli/tuning/ssd/`.
 """
 
-from kernels.ssd.bmm import bmm_chunk_fwd
-from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
-from kernels.ssd.chunk_scan import chunk_scan_fwd
-from kernels.ssd.chunk_state import chunk_state_fwd
-from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
-from kernels.ssd.combined import mamba_chunk_scan_combined, ssd_backward, ssd_forward
-from kernels.ssd.state_passing import state_passing_fwd
+from mamba_tune.ssd.bmm import bmm_chunk_fwd
+from mamba_tune.ssd.chunk_cumsum import chunk_cumsum_fwd
+from mamba_tune.ssd.chunk_scan import chunk_scan_fwd
+from mamba_tune.ssd.chunk_state import chunk_state_fwd
+from mamba_tune.ssd.chunk_state_passing import chunk_state_passing_fwd
+from mamba_tune.ssd.combined import mamba_chunk_scan_combined, ssd_backward, ssd_forward
+from mamba_tune.ssd.state_passing import state_passing_fwd
 
 __all__ = [
     "bmm_chunk_fwd",

@@ -35,8 +35,8 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.ssd import common
+from mamba_tune import runtime
+from mamba_tune.ssd import common
 
 SLOT = 16
 LOG2E = 1.4426950408889634

@@ -19,8 +19,8 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.ssd import common
+from mamba_tune import runtime
+from mamba_tune.ssd import common
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,

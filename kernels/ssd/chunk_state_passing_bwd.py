@@ -30,8 +30,8 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime
-from kernels.ssd import common
+from mamba_tune import runtime
+from mamba_tune.ssd import common
 
 # Partial sums per state block: one slot per (16-row headdim block, 16-column dstate
 # block), the finest split any config makes (block sizes are >= 16).

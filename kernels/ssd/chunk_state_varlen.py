@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import vocab
-from kernels.ssd import chunk_cumsum, chunk_state_passing, common
+from mamba_tune import vocab
+from mamba_tune.ssd import chunk_cumsum, chunk_state_passing, common
 
 
 def check_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> None:

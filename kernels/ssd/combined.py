@@ -24,8 +24,8 @@ from typing import Any
 import helion
 import torch
 
-from kernels import vocab
-from kernels.ssd import (
+from mamba_tune import vocab
+from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,
     chunk_cumsum_bwd,

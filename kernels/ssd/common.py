@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kernels import ref_mode, vocab
+from mamba_tune import ref_mode, vocab
 
 # Every SSD stage imports this module: their tensor-core dots run on CPU tensors in
 # Helion ref mode (tests, `mamba-tune sweep --cpu-dry-run`) from here on.

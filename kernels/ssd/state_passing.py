@@ -26,8 +26,8 @@ import helion
 import helion.language as hl
 import torch
 
-from kernels import runtime, vocab
-from kernels.ssd import common
+from mamba_tune import runtime, vocab
+from mamba_tune.ssd import common
 
 
 def _combine(

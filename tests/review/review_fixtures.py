@@ -1,11 +1,11 @@
-"""Bundles for the review tests, built with the real pydantic models (kernels.bundle)."""
+"""Bundles for the review tests, built with the real pydantic models (mamba_tune.bundle)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from kernels.bundle import (
+from mamba_tune.bundle import (
     Accuracy,
     Bundle,
     Entry,
@@ -97,7 +97,7 @@ def bundle(
 
 
 def write(b: Bundle, path: Path) -> Path:
-    from kernels.bundle import write_bundle
+    from mamba_tune.bundle import write_bundle
 
     write_bundle(b, path)
     return path

@@ -14,7 +14,7 @@ from autotune_cli.plan import Combo, plan
 from autotune_cli.review.check import check_coverage, version_matches
 from autotune_cli.spec import load_spec
 from autotune_cli.tuning import all_kernels
-from kernels.bundle import Entry
+from mamba_tune.bundle import Entry
 
 runner = CliRunner()
 TINY = Path(__file__).resolve().parent.parent / "data" / "tiny.yaml"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autotune_cli.app import app
 from autotune_cli.review.diff import diff_sets, regressions, to_markdown
 from autotune_cli.review.sources import SourceError, load_source
-from kernels.bundle import entry_key
+from mamba_tune.bundle import entry_key
 
 runner = CliRunner()
 

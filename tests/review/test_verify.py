@@ -81,7 +81,7 @@ def test_verify_on_gpu(tmp_path: Path) -> None:
     from autotune_cli.plan import plan
     from autotune_cli.spec import load_spec
     from autotune_cli.tuner import tune
-    from kernels.bundle import Bundle, KernelProvenance, Provenance, write_bundle
+    from mamba_tune.bundle import Bundle, KernelProvenance, Provenance, write_bundle
 
     spec = load_spec(TINY)
     budget = spec.budget.model_copy(update={"effort": "none"})

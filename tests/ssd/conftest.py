@@ -25,7 +25,7 @@ import pytest
 from helion.runtime.ref_mode import RefMode
 
 from autotune_cli.tuning import all_kernels
-from kernels import runtime
+from mamba_tune import runtime
 
 
 def _ssd_kernels() -> list[Any]:

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-import kernels
+import mamba_tune
 from autotune_cli.plan import plan
 from autotune_cli.spec import load_spec
 from autotune_cli.tuning.ssd.inputs import SSDInputs
@@ -30,8 +30,8 @@ def test_backward_keys_name_the_model_dtype_and_dfinal_only_when_used(ssd_ref_mo
     i = SSDInputs.make(dims, torch.bfloat16, "cpu", seed=0)
     x = i.x.clone().requires_grad_()
     record = tmp_path / "calls.json"
-    with kernels.record_calls(record):
-        res = kernels.mamba_chunk_scan_combined(x, i.dt, i.A, i.B, i.C, i.chunk_size, D=i.D, dt_bias=i.dt_bias,
+    with mamba_tune.record_calls(record):
+        res = mamba_tune.mamba_chunk_scan_combined(x, i.dt, i.A, i.B, i.C, i.chunk_size, D=i.D, dt_bias=i.dt_bias,
                                                 dt_softplus=True, return_final_states=return_final_states)
         out = res[0] if return_final_states else res
         loss = out.float().square().sum() + (res[1].sum() if return_final_states else 0.0)

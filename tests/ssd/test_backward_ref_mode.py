@@ -16,8 +16,8 @@ import torch
 from autotune_cli.reference import ssd_chunked_grads, ssd_recurrent_ref
 from autotune_cli.tuning import get
 from autotune_cli.tuning.ssd.inputs import SSDInputs
-from kernels import runtime
-from kernels.ssd import mamba_chunk_scan_combined
+from mamba_tune import runtime
+from mamba_tune.ssd import mamba_chunk_scan_combined
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode", "nan_empty")
 

@@ -16,10 +16,10 @@ from autotune_cli.benchmarks.common import capture
 from autotune_cli.reference import bmm_chunk_ref, ssd_chunked_ref, ssd_recurrent_ref
 from autotune_cli.tuning import ModelShape, get
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
-from kernels import runtime
-from kernels.ssd import mamba_chunk_scan_combined, ssd_forward
-from kernels.ssd.bmm import bmm_chunk_fwd, mask_other_sequences
-from kernels.ssd.combined import UNSAFE_GPU_SEQ_IDX
+from mamba_tune import runtime
+from mamba_tune.ssd import mamba_chunk_scan_combined, ssd_forward
+from mamba_tune.ssd.bmm import bmm_chunk_fwd, mask_other_sequences
+from mamba_tune.ssd.combined import UNSAFE_GPU_SEQ_IDX
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,8 +15,8 @@ from autotune_cli.benchmarks.common import capture
 from autotune_cli.reference import ssd_chunked_grads
 from autotune_cli.tuning import ModelShape, get
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
-from kernels import runtime
-from kernels.ssd import mamba_chunk_scan_combined
+from mamba_tune import runtime
+from mamba_tune.ssd import mamba_chunk_scan_combined
 
 pytestmark = [
     pytest.mark.gpu,

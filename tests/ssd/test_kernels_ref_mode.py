@@ -26,8 +26,8 @@ from autotune_cli.reference import (
 )
 from autotune_cli.tuning import get
 from autotune_cli.tuning.ssd.inputs import SSDInputs
-from kernels import runtime
-from kernels.ssd import (
+from mamba_tune import runtime
+from mamba_tune.ssd import (
     bmm_chunk_fwd,
     chunk_cumsum_fwd,
     chunk_scan_fwd,

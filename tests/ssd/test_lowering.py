@@ -62,7 +62,7 @@ CASES = _cases()
 _WORKER = r"""
 import json, sys, torch
 from autotune_cli.tuning import get
-from kernels.vocab import torch_dtype
+from mamba_tune.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
 for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     tk = get(stage)

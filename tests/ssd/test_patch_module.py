@@ -21,7 +21,7 @@ import mamba_ssm_cpu
 import pytest
 import torch
 
-import kernels
+import mamba_tune
 from autotune_cli.reference import gated_norm_ref, ssd_chunked_ref
 
 pytestmark = [pytest.mark.usefixtures("ssd_ref_mode"),
@@ -35,9 +35,9 @@ def modules() -> Iterator[dict[str, Any]]:
     from mamba_ssm.modules import mamba2
     from mamba_ssm.ops.triton import layernorm_gated
 
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
     yield {"mamba2": mamba2, "layernorm_gated": layernorm_gated}
-    kernels.unpatch_mamba_ssm()
+    mamba_tune.unpatch_mamba_ssm()
 
 
 def _reference_fns(upcast: bool) -> tuple[Any, Any]:
@@ -89,12 +89,12 @@ def test_patched_mamba2_forward_matches_the_reference(modules, monkeypatch, opti
             p.add_(0.1 * torch.randn_like(p))
     reference = reference.to(dtype)
     u = torch.randn(2, 40, 64).to(dtype)  # seqlen 40: a partial last chunk
-    with kernels.patched_mamba_ssm():
+    with mamba_tune.patched_mamba_ssm():
         patched = Mamba2(**dims, **options, dtype=dtype)
-    assert reference.rmsnorm is False or type(patched.norm) is kernels.RMSNormGated
+    assert reference.rmsnorm is False or type(patched.norm) is mamba_tune.RMSNormGated
     patched.load_state_dict(reference.state_dict())
     with torch.no_grad():
-        with kernels.patched_mamba_ssm():
+        with mamba_tune.patched_mamba_ssm():
             out = patched(u)
         ref32 = _reference_forward(modules, monkeypatch, copy.deepcopy(reference).float(), u.float(), upcast=True)
         low = _reference_forward(modules, monkeypatch, reference, u, upcast=False)

@@ -19,7 +19,7 @@ from autotune_cli.reference import (
     state_passing_ref,
 )
 from autotune_cli.tuning.ssd.inputs import SSDInputs
-from kernels.ssd.bmm import mask_other_sequences
+from mamba_tune.ssd.bmm import mask_other_sequences
 
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
 SHAPES = [

@@ -14,8 +14,8 @@ import torch
 
 from autotune_cli.reference import ssd_recurrent_ref
 from autotune_cli.tuning.ssd.inputs import SSDInputs
-from kernels.ssd import mamba_chunk_scan_combined
-from kernels.ssd.chunk_state_varlen import chunk_state_varlen
+from mamba_tune.ssd import mamba_chunk_scan_combined
+from mamba_tune.ssd.chunk_state_varlen import chunk_state_varlen
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode", "nan_empty")
 

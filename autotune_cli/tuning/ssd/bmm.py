@@ -9,8 +9,8 @@ import torch
 from autotune_cli.reference import bmm_chunk_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
-from kernels.ssd import bmm as kernel
-from kernels.ssd import common
+from mamba_tune.ssd import bmm as kernel
+from mamba_tune.ssd import common
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

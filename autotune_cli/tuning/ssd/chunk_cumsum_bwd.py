@@ -9,7 +9,7 @@ import torch
 from autotune_cli.reference import chunk_cumsum_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
-from kernels.ssd import chunk_cumsum_bwd as kernel
+from mamba_tune.ssd import chunk_cumsum_bwd as kernel
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

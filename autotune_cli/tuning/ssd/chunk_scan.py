@@ -9,9 +9,9 @@ import torch
 from autotune_cli.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
-from kernels.ssd import chunk_scan as kernel
-from kernels.ssd import common
-from kernels.ssd.combined import FUSE_BMM_DEFAULT
+from mamba_tune.ssd import chunk_scan as kernel
+from mamba_tune.ssd import common
+from mamba_tune.ssd.combined import FUSE_BMM_DEFAULT
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

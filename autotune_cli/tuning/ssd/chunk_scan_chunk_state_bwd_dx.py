@@ -8,8 +8,8 @@ import torch
 
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
-from kernels.ssd import chunk_scan_chunk_state_bwd_dx as kernel
-from kernels.ssd import common as kernel_common
+from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as kernel
+from mamba_tune.ssd import common as kernel_common
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

@@ -8,7 +8,7 @@ import torch
 
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
-from kernels.ssd import chunk_state_scan_bwd_dbdc as kernel
+from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:

@@ -23,7 +23,7 @@ import torch
 from autotune_cli.kernel_keys import mixer_dims as mixer_dims
 from autotune_cli.kernel_keys import pick as pick
 from autotune_cli.tuning.record import mamba_ssm_version
-from kernels.vocab import DT_LIMIT_NONE
+from mamba_tune.vocab import DT_LIMIT_NONE
 
 
 @dataclasses.dataclass

@@ -9,8 +9,8 @@ import torch
 from autotune_cli.reference import chunk_cumsum_ref, state_passing_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
-from kernels.ssd import common
-from kernels.ssd import state_passing as kernel
+from mamba_tune.ssd import common
+from mamba_tune.ssd import state_passing as kernel
 
 
 def _dims_for(shape: ModelShape) -> dict[str, int]:
