@@ -48,6 +48,8 @@ from autotune_cli.sweep import (
     bundle_path_for,
     describe_entry,
 )
+from autotune_cli.tuning import all_kernels
+from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import (
     Bundle,
     BundleError,
@@ -354,13 +356,15 @@ class SlurmSweep:
         ex.update_parameters(**params)
         return ex
 
-    def _prepare(self, combo: Combo, bundle: Bundle | None) -> Path:
+    def _prepare(self, combo: Combo, bundle: Bundle | None, warm_bundles: list[Bundle]) -> Path:
         d = self.dir / "combos" / combo_dir_name(combo.key)
         d.mkdir(parents=True, exist_ok=True)
         for name in ("result.json", "result.json.worker", "merged.json", "status.json"):
             (d / name).unlink(missing_ok=True)
         s = self.sweep
-        warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
+        # The search starts from this key's config and the nearest tuned shapes' (warm_start).
+        warm = warm_configs(all_kernels()[combo.kernel].size_dims, combo.kernel, combo.dims, combo.dtype,
+                            [*filter(None, [bundle]), *warm_bundles])
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
                "budget": s.budget.model_dump(), "tolerance": s.tolerances[combo.dtype].model_dump()}
         (d / "job.json").write_text(json.dumps(job))
@@ -373,7 +377,8 @@ class SlurmSweep:
         return d
 
     def _submit(self, combos: list[Combo], bundle: Bundle | None, state: dict[str, Any], why: str) -> str:
-        dirs = [str(self._prepare(c, bundle).resolve()) for c in combos]
+        warm_bundles = self.sweep.warm_bundles(self.bundle_path.parent.name)
+        dirs = [str(self._prepare(c, bundle, warm_bundles).resolve()) for c in combos]
         ex = self._executor()
         try:
             jobs = ex.map_array(run_task, dirs)

@@ -37,6 +37,7 @@ from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
+from autotune_cli.warm_start import warm_configs
 from autotune_cli.worker import STACKS_SIGNAL
 from mamba_tune.bundle import (
     Bundle,
@@ -96,6 +97,8 @@ class SweepOptions:
     timeout_s: float | None = None
     # Only part of the spec's combos (--kernel / --origin): the rest of the bundle must stay.
     partial: bool = False
+    # Bundles whose entries seed the searches too (--warm-start), beside the one being written.
+    warm_start: tuple[Path, ...] = ()
 
 
 @dataclasses.dataclass
@@ -304,7 +307,7 @@ class Sweep:
         return 2 * search + 600
 
     def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
-               warm_start: dict[str, Any] | None = None, isolated: bool = False) -> _Running:
+               warm_start: list[dict[str, Any]] | None = None, isolated: bool = False) -> _Running:
         tag = "-isolated" if isolated else ""
         workdir = tmp / f"combo-{index:04d}{tag}"
         workdir.mkdir()
@@ -377,6 +380,7 @@ class Sweep:
 
     def run(self) -> SweepResult:
         gpu, versions, slots = self._environment()
+        warm = self.warm_bundles(gpu.sku)  # bad input fails before anything is written
         path = bundle_path_for(self.opt.out_dir, gpu.sku, self.bundle_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(f"{path}.lock")
@@ -392,11 +396,12 @@ class Sweep:
                 _raise_if_stopped()
                 for leftover in path.parent.glob(f"{glob_escape(temp_prefix(path))}*.tmp"):
                     leftover.unlink(missing_ok=True)
-                return self._run_locked(path, gpu, versions, slots)
+                return self._run_locked(path, gpu, versions, slots, warm)
         finally:
             lock.release()
 
-    def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None]) -> SweepResult:
+    def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None],
+                    warm: list[Bundle]) -> SweepResult:
         bundle, stale = self._existing(path, gpu, versions)
         _raise_if_stopped()
         done = set() if bundle is None else set(bundle.entries)
@@ -425,7 +430,7 @@ class Sweep:
             tmp = Path(tmpdir)
             try:
                 while queue or running:
-                    self._fill_slots(queue, free, running, tmp, log_dir, bundle)
+                    self._fill_slots(queue, free, running, tmp, log_dir, [*filter(None, [writer.bundle]), *warm])
                     time.sleep(0.5)
                     _raise_if_stopped()
                     now = time.monotonic()
@@ -458,14 +463,31 @@ class Sweep:
     # --- scheduling and retry ---------------------------------------------------------
 
     def _fill_slots(self, queue: list[tuple[int, Combo, bool]], free: list[int | None], running: list[_Running],
-                    tmp: Path, log_dir: Path, bundle: Bundle | None) -> None:
-        """Start queued combos (index, combo, isolated) while a GPU slot is free."""
+                    tmp: Path, log_dir: Path, bundles: list[Bundle]) -> None:
+        """Start queued combos (index, combo, isolated) while a GPU slot is free; each search
+        starts from its key's config and the nearest tuned shapes' (`warm_start`) in `bundles`:
+        the bundle as written so far, then the --warm-start ones."""
+        kernels = all_kernels()
         while queue and free:
             i, combo, isolated = queue.pop(0)
             slot = free.pop(0)
-            # A re-tuned key starts its search from the config it has now.
-            warm = bundle.entries[combo.key].config if bundle and combo.key in bundle.entries else None
+            tk = kernels[combo.kernel]
+            warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles)
             running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
+
+    def warm_bundles(self, sku: str) -> list[Bundle]:
+        """The --warm-start bundles, each tuned on `sku`, this sweep's (SweepInputError if not)."""
+        out = []
+        for path in self.opt.warm_start:
+            try:
+                bundle = load_bundle(path)
+            except BundleError as e:  # it names the file
+                raise SweepInputError(f"--warm-start: {str(e).splitlines()[0]}") from None
+            if bundle.provenance.gpu.sku != sku:
+                raise SweepInputError(f"--warm-start {path}: tuned on {bundle.provenance.gpu.sku}, this sweep tunes "
+                                      f"on {sku} (configs from another GPU are no starting point)")
+            out.append(bundle)
+        return out
 
     def _reap(self, running: list[_Running], free: list[int | None], now: float) -> Iterator[tuple[_Running, bool]]:
         """The workers that ended, or ran past their deadline (killed): (run, timed_out), slots freed."""

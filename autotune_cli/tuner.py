@@ -12,7 +12,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import helion
@@ -140,11 +140,13 @@ class _Heartbeat:
                 pass
 
 
-def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: dict[str, Any] | None) -> list[Any]:
-    """The search's hand-picked starting points: the config already in the bundle for this
-    key (a re-tune starts from what it has), then the kernel's own seeds for these dims."""
-    raw = ([warm_start] if warm_start else []) + (tk.seed_configs(dims) if tk.seed_configs else [])
-    return [helion.Config.from_dict(c) for c in raw]
+def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: Sequence[dict[str, Any]] | None) -> list[Any]:
+    """The search's hand-picked starting points: the warm start (the config already in the
+    bundle for this key, then the nearest tuned shapes': autotune_cli.warm_start), then the
+    kernel's own seeds for these dims; duplicates dropped."""
+    raw = [*(warm_start or []), *(tk.seed_configs(dims) if tk.seed_configs else [])]
+    unique = [c for i, c in enumerate(raw) if c not in raw[:i]]
+    return [helion.Config.from_dict(c) for c in unique]
 
 
 def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat,
@@ -218,7 +220,7 @@ def tune(
     tol: Tolerance,
     *,
     status_path: str | None = None,
-    warm_start: dict[str, Any] | None = None,
+    warm_start: Sequence[dict[str, Any]] | None = None,
 ) -> Outcome:
     tk = get(kernel_name)
     dtype = torch_dtype(dtype_name)

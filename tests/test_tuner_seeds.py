@@ -1,4 +1,4 @@
-"""The search's starting points: the bundle's current config first, then the kernel's seeds."""
+"""The search's starting points: the warm start (autotune_cli.warm_start) first, then the kernel's seeds."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ DIMS = dict(rows=16384, d=4096, group_size=512, has_z=1, norm_before_gate=0, has
 
 
 def test_warm_start_comes_first_then_the_kernels_seeds():
-    warm = {"block_sizes": [32, 1, 2], "num_warps": 8}
+    warm = [{"block_sizes": [32, 1, 2], "num_warps": 8}, {"block_sizes": [16, 1, 2], "num_warps": 4}]
     seeds = seed_configs(GATED_NORM_BWD, DIMS, warm)
     assert all(isinstance(s, helion.Config) for s in seeds)
-    assert dict(seeds[0]) == warm
-    assert [dict(s) for s in seeds[1:]] == GATED_NORM_BWD.seed_configs(DIMS)
+    assert [dict(s) for s in seeds[:2]] == warm
+    assert [dict(s) for s in seeds[2:]] == GATED_NORM_BWD.seed_configs(DIMS)
+    # A warm config equal to one of the kernel's seeds is tried once.
+    own = GATED_NORM_BWD.seed_configs(DIMS)
+    assert [dict(s) for s in seed_configs(GATED_NORM_BWD, DIMS, own[:1])] == own
     assert [dict(s) for s in seed_configs(GATED_NORM_BWD, DIMS, None)] == GATED_NORM_BWD.seed_configs(DIMS)
 
 

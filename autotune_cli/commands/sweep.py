@@ -96,6 +96,10 @@ MismatchOpt = Annotated[bool, typer.Option(help="Tune even if this GPU is not th
 DryOpt = Annotated[bool, typer.Option(
     help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
          "DIR/cpu/; for checking a spec end to end, never for real bundles.")]
+WarmOpt = Annotated[list[Path] | None, typer.Option(
+    metavar="BUNDLE", dir_okay=False,
+    help="Also start each search from the configs that this bundle (tuned on the same GPU SKU) holds for the "
+         "same key or the nearest shapes of the same kernel (repeatable); the bundle being written always counts.")]
 LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
 
 
@@ -179,6 +183,7 @@ def sweep_command(
     origin: Annotated[list[str] | None, typer.Option(metavar="TEXT", 
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
+    warm_start: WarmOpt = None,
     executor: ExecutorOpt = Executor.local,
     slurm_partition: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the partition to submit to.")] = None,
     slurm_account: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the account to charge.")] = None,
@@ -232,7 +237,8 @@ def sweep_command(
         bundle_name=source.bundle_name, spec_ref=source.spec_ref,
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
-                             timeout_s=timeout, partial=bool(kernel or origin or from_record)),
+                             timeout_s=timeout, partial=bool(kernel or origin or from_record),
+                             warm_start=tuple(warm_start or ())),
         console=err,
     )
     if executor == Executor.slurm:
@@ -288,6 +294,7 @@ def tune_command(
     cpu_dry_run: DryOpt = False,
     log_dir: LogOpt = Path(".mamba-tune/logs"),
     timeout: TimeoutOpt = None,
+    warm_start: WarmOpt = None,
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
     from autotune_cli.plan import Combo
@@ -313,7 +320,8 @@ def tune_command(
     sweep = Sweep(
         [combo], budget=budget, tolerances=DEFAULT_TOLERANCES, target_sku=gpu, bundle_name=name, spec_ref=None,
         options=SweepOptions(out_dir=out_dir, force=force, allow_gpu_mismatch=allow_gpu_mismatch,
-                             cpu_dry_run=cpu_dry_run, log_dir=log_dir, timeout_s=timeout),
+                             cpu_dry_run=cpu_dry_run, log_dir=log_dir, timeout_s=timeout,
+                             warm_start=tuple(warm_start or ())),
         console=err,
     )
     _run(sweep)

@@ -1,0 +1,54 @@
+"""Warm start: where a search starts, from the entries already tuned.
+
+A combo's search starts from (in this order, duplicates dropped, at most `WARM_LIMIT`):
+1. the config its own key has in the bundle being written (a re-tune starts from what it
+   has) or, failing that, in a `--warm-start` bundle;
+2. the configs of the nearest tuned shapes of the same kernel and dtype with the same
+   structural dims (every key dim not in the kernel's size dims), nearest first by the
+   distance of the runtime's nearest rule (the sum of |log(a/b)| over the size dims; ties to
+   the smaller shape), with no cap on the ratio: a seed is only a starting point, and the
+   search measures it like any other candidate.
+Then come the kernel's own hand-written seeds (`TunableKernel.seed_configs`). Helion skips,
+with a log line, a seed that does not fit the shape.
+
+Only entries tuned on the same SKU count: a config tuned on another GPU is no evidence here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from mamba_tune.bundle import Bundle
+
+# Starting points taken from bundles per combo (the exact key's, then the nearest shapes').
+WARM_LIMIT = 3
+
+
+def warm_configs(size_dims: Sequence[str], kernel: str, dims: dict[str, int], dtype: str,
+                 bundles: Sequence[Bundle], *, limit: int = WARM_LIMIT) -> list[dict[str, Any]]:
+    """The configs a search for (kernel, dims, dtype) starts from; see the module docstring."""
+    exact: list[dict[str, Any]] = []
+    near: list[tuple[float, tuple[int, ...], dict[str, Any]]] = []
+    for bundle in bundles:
+        for entry in bundle.entries.values():
+            if entry.kernel != kernel or entry.dtype != dtype or entry.dims.keys() != dims.keys():
+                continue
+            if any(entry.dims[d] != dims[d] for d in dims if d not in size_dims):
+                continue
+            if entry.dims == dims:
+                exact.append(dict(entry.config))
+                continue
+            if any(entry.dims[d] <= 0 or dims[d] <= 0 for d in size_dims):
+                continue
+            dist = sum(abs(math.log(entry.dims[d] / dims[d])) for d in size_dims)
+            near.append((dist, tuple(entry.dims[d] for d in size_dims), dict(entry.config)))
+    near.sort(key=lambda t: t[:2])
+    out: list[dict[str, Any]] = []
+    for config in [*exact[:1], *(c for _, _, c in near)]:
+        if config not in out:
+            out.append(config)
+        if len(out) == limit:
+            break
+    return out
