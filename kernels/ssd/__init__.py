@@ -9,8 +9,9 @@ is named like mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and ea
 declares its kernels' runtime records (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
 ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan, ssd_chunk_state_passing_bwd,
 ssd_chunk_scan_chunk_state_bwd_dx, ssd_chunk_state_scan_bwd_dbdc, ssd_chunk_cumsum_bwd);
-their tuning records are in `autotune_cli/tuning/ssd/`. selective_state_update.py is the
-decoding step (mamba-ssm `selective_state_update`, runtime record selective_state_update).
+their tuning records are in `autotune_cli/tuning/ssd/`. The submodule selective_state_update
+is the decoding step (mamba-ssm `selective_state_update`; `mamba_tune.selective_state_update`
+is its public function, not re-exported here so that the submodule keeps its name).
 """
 
 from mamba_tune.ssd.bmm import bmm_chunk_fwd
@@ -19,7 +20,6 @@ from mamba_tune.ssd.chunk_scan import chunk_scan_fwd
 from mamba_tune.ssd.chunk_state import chunk_state_fwd
 from mamba_tune.ssd.chunk_state_passing import chunk_state_passing_fwd
 from mamba_tune.ssd.combined import mamba_chunk_scan_combined, ssd_backward, ssd_forward
-from mamba_tune.ssd.selective_state_update import selective_state_update
 from mamba_tune.ssd.state_passing import state_passing_fwd
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "chunk_state_fwd",
     "chunk_state_passing_fwd",
     "mamba_chunk_scan_combined",
-    "selective_state_update",
     "ssd_backward",
     "ssd_forward",
     "state_passing_fwd",

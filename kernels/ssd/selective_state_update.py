@@ -11,8 +11,9 @@ with s = b, or s = state_batch_indices[b] (a negative index is a padding slot: i
 is left alone and its output row is zero). Mamba-2's decode (`Mamba2.step`, transformers'
 Mamba-2 family) passes dt, dt_bias and A as stride-0 `repeat`/`expand` views over headdim
 (and dstate for A): one dt, dt_bias and A per head. The launcher spots that case (mamba-ssm
-calls it tie_hdim) and hands the kernel the per-head values, which each program then reads
-once, not once per element. The 2-D (Mamba-1, no heads) form runs as one head.
+calls it tie_hdim): the kernel then reads element 0 of each head's dt, dt_bias and A, once
+per program, not once per element (the views go to the kernel as they are: no per-head
+view is even made on the host, where each costs microseconds). The 2-D (Mamba-1, no heads) form runs as one head.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
 runtime declaration (its tuning record: `autotune_cli/tuning/ssd/selective_state_update.py`).
@@ -32,24 +33,23 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
-from mamba_tune.ssd import common
+from mamba_tune import runtime
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
 def selective_state_update_kernel(
     state: torch.Tensor,  # (state_batch, nheads, headdim, dstate), updated in place
     x: torch.Tensor,  # (batch, nheads, headdim)
-    dt: torch.Tensor,  # tie_hdim: (batch, nheads); else (batch, nheads, headdim)
-    A: torch.Tensor,  # tie_hdim: (nheads,); else (nheads, headdim, dstate)
+    dt: torch.Tensor,  # (batch, nheads, headdim)
+    A: torch.Tensor,  # (nheads, headdim, dstate)
     B: torch.Tensor,  # (batch, ngroups, dstate)
     C: torch.Tensor,  # (batch, ngroups, dstate)
     D: torch.Tensor | None,  # (nheads, headdim)
     z: torch.Tensor | None,  # (batch, nheads, headdim)
-    dt_bias: torch.Tensor | None,  # tie_hdim: (nheads,); else (nheads, headdim)
+    dt_bias: torch.Tensor | None,  # (nheads, headdim)
     state_batch_indices: torch.Tensor | None,  # (batch,), < 0: padding
     dt_softplus: hl.constexpr,
-    tie_hdim: hl.constexpr,
+    tie_hdim: hl.constexpr,  # dt, dt_bias, A: one value per head (stride 0 over headdim, dstate)
 ) -> torch.Tensor:
     batch, nheads, headdim = x.shape
     dstate = state.size(3)
@@ -68,12 +68,12 @@ def selective_state_update_kernel(
             row = tile_b.index
         xv = x[tile_b, tile_h, tile_p].to(torch.float32)  # [1, 1, P]
         if tie_hdim:
-            dtv = dt[tile_b, tile_h].to(torch.float32)  # [1, 1]: one dt per head
+            dtv = dt[tile_b, tile_h, 0].to(torch.float32)  # [1, 1]: one dt per head
             if dt_bias is not None:
-                dtv = dtv + dt_bias[tile_h].to(torch.float32)[None, :]
+                dtv = dtv + dt_bias[tile_h, 0].to(torch.float32)[None, :]
             if dt_softplus:
                 dtv = torch.where(dtv <= 20.0, torch.log1p(torch.exp(dtv)), dtv)
-            dA = torch.exp(A[tile_h].to(torch.float32)[None, :] * dtv)[:, :, None, None]
+            dA = torch.exp(A[tile_h, 0, 0].to(torch.float32)[None, :] * dtv)[:, :, None, None]
             dtx = (dtv[:, :, None] * xv)[:, :, :, None]
         else:
             dtv = dt[tile_b, tile_h, tile_p].to(torch.float32)  # [1, 1, P]
@@ -110,6 +110,10 @@ def selective_state_update_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
+_FLOATS = frozenset((torch.float32, torch.float16, torch.bfloat16))
+_INDEX = frozenset((torch.int32, torch.int64))
+
+
 def _bad(name: str, t: torch.Tensor, letters: str, expected: tuple[int, ...]) -> ValueError:
     return ValueError(f"selective_state_update: {name} shape {tuple(t.shape)} != ({letters}) = {expected}")
 
@@ -118,7 +122,8 @@ def _check(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
            C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
            state_batch_indices: torch.Tensor | None) -> None:
     """The heads form's contract (the 2-D form is unsqueezed to it first). Shapes, dtypes and
-    devices only: nothing here reads tensor data."""
+    devices only, nothing that reads tensor data; written as plain comparisons because it
+    runs on every decoding step (a few microseconds in all)."""
     if state.dim() != 4:
         raise ValueError(f"selective_state_update: state must be (batch, nheads, headdim, dstate) or "
                          f"(batch, dim, dstate), got shape {tuple(state.shape)}")
@@ -152,39 +157,39 @@ def _check(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         raise _bad("z", z, "batch, nheads, headdim", xs)
     if dt_bias is not None and dt_bias.shape != (nheads, headdim):
         raise _bad("dt_bias", dt_bias, "nheads, headdim", (nheads, headdim))
+    device = x.device
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                     ("dt_bias", dt_bias)):
-        if t is not None and not vocab.is_float(t.dtype):
+        if t is None:
+            continue
+        if t.dtype not in _FLOATS:
             raise ValueError(f"selective_state_update: {name} dtype {t.dtype} is not one of fp32, fp16, bf16")
+        if t.device != device:
+            raise ValueError(f"selective_state_update: {name} is on {t.device}, x is on {device}")
     if state_batch_indices is None:
         if state_batch < batch:
             raise ValueError(f"selective_state_update: state batch {state_batch} < x batch {batch} and no "
                              "state_batch_indices")
-    else:
-        if state_batch_indices.shape != (batch,):
-            raise _bad("state_batch_indices", state_batch_indices, "batch,", (batch,))
-        if not vocab.is_index(state_batch_indices.dtype):
-            raise ValueError(f"selective_state_update: state_batch_indices dtype {state_batch_indices.dtype} "
-                             "is not int32 or int64")
-    common.check_device(x.device, state=state, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                        state_batch_indices=state_batch_indices)
-
-
-def _tied(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor | None) -> bool:
-    """dt, dt_bias (when given) and A repeat one value per head over headdim (and dstate for A)."""
-    return (A.stride(-1) == 0 and A.stride(-2) == 0 and dt.stride(-1) == 0
-            and (dt_bias is None or dt_bias.stride(-1) == 0))
+        return
+    if state_batch_indices.shape != (batch,):
+        raise _bad("state_batch_indices", state_batch_indices, "batch,", (batch,))
+    if state_batch_indices.dtype not in _INDEX:
+        raise ValueError(f"selective_state_update: state_batch_indices dtype {state_batch_indices.dtype} "
+                         "is not int32 or int64")
+    if state_batch_indices.device != device:
+        raise ValueError(f"selective_state_update: state_batch_indices is on {state_batch_indices.device}, "
+                         f"x is on {device}")
 
 
 def kernel_args(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                 C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                 dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> tuple[Any, ...]:
-    """The Helion kernel's arguments for checked heads-form inputs (the tuning record's too)."""
-    tie = _tied(dt, A, dt_bias)
-    if tie:  # views of one element per head: no copies
-        dt, A = dt[:, :, 0], A[:, 0, 0]
-        if dt_bias is not None:
-            dt_bias = dt_bias[:, 0]
+    """The Helion kernel's arguments for checked heads-form inputs (the tuning record's too):
+    the tensors as given, and tie_hdim when dt, dt_bias (if given) and A repeat one value per
+    head over headdim (and dstate for A), as mamba-ssm decides it."""
+    a_strides = A.stride()
+    tie = (a_strides[2] == 0 and a_strides[1] == 0 and dt.stride()[2] == 0
+           and (dt_bias is None or dt_bias.stride()[1] == 0))
     return (state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices, bool(dt_softplus), tie)
 
 
