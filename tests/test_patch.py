@@ -230,7 +230,7 @@ def test_without_mamba_ssm_patching_raises_an_import_error_naming_it(monkeypatch
 
 @pytest.mark.slow
 def test_without_mamba_ssm_the_environment_variable_fails_the_import():
-    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport kernels", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
+    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport mamba_tune", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
     assert r.returncode != 0
     assert "MambaSsmNotInstalledError: patch_mamba_ssm: the mamba-ssm package is not installed" in r.stderr
 
