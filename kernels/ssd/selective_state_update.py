@@ -13,7 +13,8 @@ Mamba-2 family) passes dt, dt_bias and A as stride-0 `repeat`/`expand` views ove
 (and dstate for A): one dt, dt_bias and A per head. The launcher spots that case (mamba-ssm
 calls it tie_hdim): the kernel then reads element 0 of each head's dt, dt_bias and A, once
 per program, not once per element (the views go to the kernel as they are: no per-head
-view is even made on the host, where each costs microseconds). The 2-D (Mamba-1, no heads) form runs as one head.
+view is even made on the host, where each costs microseconds). The 2-D (Mamba-1, no
+heads) form runs as one head.
 
 Order: Helion kernel -> host launcher (shape and dtype checks) -> public function ->
 runtime declaration (its tuning record: `autotune_cli/tuning/ssd/selective_state_update.py`).
@@ -91,7 +92,8 @@ def selective_state_update_kernel(
             Cv = C[tile_b, g, tile_n].to(torch.float32)[:, None, None, :]
             s = s * dA + dtx * Bv
             if state_batch_indices is not None:
-                hl.store(state, [row, tile_h, tile_p, tile_n], s.to(state.dtype), extra_mask=valid[:, None, None, None])
+                hl.store(state, [row, tile_h, tile_p, tile_n], s.to(state.dtype),
+                         extra_mask=valid[:, None, None, None])
             else:
                 state[row, tile_h, tile_p, tile_n] = s.to(state.dtype)
             # out reads the fp32 state before it is rounded to the state's dtype (as mamba-ssm's kernel).
