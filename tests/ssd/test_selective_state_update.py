@@ -15,7 +15,9 @@ against the fp32 reference.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -288,6 +290,47 @@ def test_mamba2_step_patched_matches_mamba_ssm(mamba2_module, monkeypatch, ngrou
     torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)
 
 
+_TRANSFORMERS = r"""
+import sys, torch
+import mamba_ssm_cpu; mamba_ssm_cpu.load()
+import mamba_tune; mamba_tune.patch_mamba_ssm(strict=True)
+from transformers.models.mamba2 import modeling_mamba2  # resolves mamba-ssm's functions at import
+step = modeling_mamba2.mamba2_selective_state_update
+assert any(c.cell_contents is mamba_tune.selective_state_update for c in step.__closure__ or ()), "not ours"
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+g = torch.Generator().manual_seed(0)
+b, H, P, G, N = 2, 4, 8, 2, 16
+r = lambda *s: torch.randn(*s, generator=g).to(dev)
+# As Mamba2Mixer's decode calls it: dt (batch, 1, nheads) transposed and expanded, A/D/dt_bias expanded.
+state, hs, dt = r(b, H, P, N), r(b, H, P), r(b, 1, H).transpose(1, 2).expand(-1, -1, P)
+A, D, dt_bias = (-r(H).abs())[:, None, None].expand(-1, P, N), r(H)[:, None].expand(-1, P), r(H)[:, None].expand(-1, P)
+B, C = r(b, G, N), r(b, G, N)
+mine, theirs = state.clone(), state.clone()
+out = step(mine, hs, dt, A, B, C, D, z=None, dt_bias=dt_bias, dt_softplus=True)
+ref = step.__wrapped__(theirs, hs, dt, A, B, C, D, z=None, dt_bias=dt_bias, dt_softplus=True)  # transformers' torch path
+torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@NEEDS_MAMBA_SSM
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_transformers_mamba2_decode_runs_ours_when_patched_before_its_import():
+    """transformers' Mamba-2 family binds mamba-ssm's `selective_state_update` when its modeling
+    module is imported (`use_kernel_func_from_hub_with_fallback`): patched before that, its
+    decoding step is ours, and it matches transformers' own torch implementation."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"),
+                                                        *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, "-c", _TRANSFORMERS], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.split()[-1:] == ["ok"], r.stderr[-3000:]
+
+
 # --- the shape contract -------------------------------------------------------------------
 
 
@@ -372,7 +415,6 @@ for case_id, dims, dtype in json.loads(sys.stdin.read()):
 
 @pytest.fixture(scope="module")
 def lowered() -> dict[str, dict[str, Any]]:
-    import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
