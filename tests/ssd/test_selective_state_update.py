@@ -557,3 +557,30 @@ def test_gpu_launch_costs_no_more_than_mamba_ssms(shape, capsys):
     with capsys.disabled():
         print(f"\nselective_state_update {shape}: {ours:.1f} us per call, mamba-ssm {base:.1f} us")
     assert ours <= 2 * base, f"ours {ours:.1f} us per call > 2 x mamba-ssm's {base:.1f} us"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_step_captures_in_a_cuda_graph():
+    """mamba-ssm's generation (`decode(..., cg=True)`) captures the decoding step in a CUDA
+    graph: after a warm-up call (the compile), ours captures and each replay steps the state
+    as eager calls do."""
+    dims = _dims((4, 64, 64, 8, 128), has_D=1, has_dt_bias=1, dt_softplus=1, tie_hdim=1)
+    inp = DecodeInputs.make(dims, torch.bfloat16, "cuda", seed=6)
+    eager_state = inp.state.clone()
+    selective_state_update(eager_state.clone(), *inp.positional()[1:], **inp.kwargs())  # compile
+    torch.cuda.synchronize()
+    graph_state = inp.state.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        selective_state_update(graph_state.clone(), *inp.positional()[1:], **inp.kwargs())
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out = selective_state_update(graph_state, *inp.positional()[1:], **inp.kwargs())
+    for step in range(3):
+        graph.replay()
+        eager_out = selective_state_update(eager_state, *inp.positional()[1:], **inp.kwargs())
+        torch.testing.assert_close(graph_out, eager_out, atol=0, rtol=0, msg=f"step {step}")
+    torch.testing.assert_close(graph_state, eager_state, atol=0, rtol=0)
