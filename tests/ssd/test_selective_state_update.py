@@ -5,9 +5,10 @@ dstate loop takes one column per step) against two references: the project's fp3
 reference (autotune_cli.reference.decode, every option, state_batch_indices included) and
 mamba-ssm's own pure-torch `selective_state_update_ref` (no state_batch_indices). Then
 mamba-ssm's `Mamba2.step` patched against the same module on mamba-ssm's own torch decode
-path, the shape contract, and the default config lowering to Triton (compiled mode, in a
-subprocess). The `gpu` tests compile it for real at model sizes, against mamba-ssm's
-Triton kernel too.
+path, transformers' Mamba-2 decoding step patched against transformers' torch step, the
+shape contract, and the default config and seeds lowering to Triton (compiled mode, in a
+subprocess). The `gpu` tests compile it for real at model sizes: against the reference and
+mamba-ssm's Triton kernel, no sync, the launch cost, CUDA-graph capture, Mamba2.step.
 
 Bound: err(kernel) <= 2 * err(the reference evaluated in the inputs' dtype) + atol, both
 against the fp32 reference.
