@@ -125,6 +125,16 @@ def _chunk_scan(shape: ModelShape) -> dict[str, int]:
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
 
 
+def decode_dims(shape: ModelShape) -> dict[str, int]:
+    """The decoding step's key dims (`selective_state_update`) as Mamba2.step calls it at this
+    layer: `batch` sequences of one token (seqlen does not enter), D, dt_bias and softplus,
+    no z (the gated norm applies it), dt/dt_bias/A repeated over headdim (tie_hdim), the state
+    row b for sequence b, and the state in the model's dtype (its inference cache's)."""
+    return {"batch": shape.batch, "nheads": shape.nheads, "headdim": shape.headdim, "ngroups": shape.ngroups,
+            "dstate": shape.dstate, "has_D": 1, "has_z": 0, "has_dt_bias": 1, "dt_softplus": 1, "tie_hdim": 1,
+            "has_state_batch_indices": 0, "fp32_state": 0}
+
+
 CHUNK_CUMSUM_DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
 CHUNK_STATE_DIMS = (*SSD_SHAPE_DIMS, "has_seq_idx")
 CHUNK_STATE_PASSING_DIMS = (*SSD_SHAPE_DIMS, "has_initial_states", "has_seq_idx")
@@ -137,6 +147,9 @@ CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_df
 CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
 CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 CHUNK_CUMSUM_BWD_DIMS = CHUNK_CUMSUM_DIMS
+# Decoding.
+SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias",
+                               "dt_softplus", "tie_hdim", "has_state_batch_indices", "fp32_state")
 
 KEYS: tuple[KernelKey, ...] = (
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),
@@ -161,6 +174,8 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
     KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
               "mamba_tune.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
+    KernelKey("selective_state_update", "ssd", SELECTIVE_STATE_UPDATE_DIMS, decode_dims,
+              "mamba_tune.ssd.selective_state_update:selective_state_update_kernel"),
 )
 
 _BY_NAME = dict(sorted((k.name, k) for k in KEYS))

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from mamba_tune.record import record_calls
     from mamba_tune.runtime import Mode, configure
     from mamba_tune.ssd import mamba_chunk_scan_combined
+    from mamba_tune.ssd.selective_state_update import selective_state_update
 
 
 
@@ -75,6 +76,7 @@ _WHERE = {
     "patched_mamba_ssm": "mamba_tune.patch",
     "record_calls": "mamba_tune.record",
     "rmsnorm_fn": "mamba_tune.norm",
+    "selective_state_update": "mamba_tune.ssd.selective_state_update",
     "unpatch_mamba_ssm": "mamba_tune.patch",
 }
 
@@ -91,6 +93,7 @@ __all__ = [
     "patched_mamba_ssm",
     "record_calls",
     "rmsnorm_fn",
+    "selective_state_update",
     "unpatch_mamba_ssm",
 ]
 

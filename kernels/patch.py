@@ -3,17 +3,20 @@
 `patch_mamba_ssm()` replaces, in mamba-ssm 2.3.2.post1's modules, the names its Mamba-2
 code calls: `mamba_chunk_scan_combined` (in `ops.triton.ssd_combined` and in every module
 that imported it by name: `modules.mamba2`, `modules.mamba2_simple`, `modules.ssd_minimal`)
-and the gated norm (`rmsnorm_fn`, `layernorm_fn`, `RMSNorm`, `LayerNorm` of
+the gated norm (`rmsnorm_fn`, `layernorm_fn`, `RMSNorm`, `LayerNorm` of
 `ops.triton.layernorm_gated`, `rmsnorm_fn` in `ssd_combined`, `RMSNormGated` in
-`modules.mamba2`, `mamba2_simple` and `mamba3`, `LayerNorm` in `mamba2_simple`).
+`modules.mamba2`, `mamba2_simple` and `mamba3`, `LayerNorm` in `mamba2_simple`), and the
+decoding step `selective_state_update` (in `ops.triton.selective_state_update` and where
+`modules.mamba2` (Mamba2.step) and `modules.mamba_simple` (Mamba.step, when its CUDA
+extension imports) imported it by name).
 Modules are looked up by name at call time, so code that imported the mamba-ssm modules
 before the patch runs the kernels too. Norm modules built before the patch stay
 mamba-ssm's class, but their forward calls `layernorm_gated.rmsnorm_fn`, which is ours.
 
 Not provided yet, and never replaced silently: `mamba_split_conv1d_scan_combined` (Mamba2's
-default `use_mem_eff_path=True` training path) and `selective_state_update` (one decoding
-step). While patched they still run mamba-ssm's kernels and warn once (`MambaTuneWarning`)
-naming themselves; with `strict=True` they raise `NotImplementedError` instead.
+default `use_mem_eff_path=True` training path). While patched it still runs mamba-ssm's
+kernel and warns once (`MambaTuneWarning`) naming itself; with `strict=True` it raises
+`NotImplementedError` instead.
 
 `unpatch_mamba_ssm()` puts back exactly the objects it replaced; both functions are
 idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import mamba_tune`.
@@ -36,6 +39,7 @@ from typing import Any
 from mamba_tune.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 from mamba_tune.runtime import MambaTuneWarning
 from mamba_tune.ssd.combined import mamba_chunk_scan_combined
+from mamba_tune.ssd.selective_state_update import selective_state_update
 
 ENV_PATCH = "MAMBA_TUNE_PATCH_MAMBA_SSM"
 # The version whose modules and call signatures the patch was written against.
@@ -45,13 +49,15 @@ _SSD = "mamba_ssm.ops.triton.ssd_combined"
 _NORM = "mamba_ssm.ops.triton.layernorm_gated"
 _MAMBA2 = "mamba_ssm.modules.mamba2"
 _STATE_UPDATE = "mamba_ssm.ops.triton.selective_state_update"
+_MAMBA1 = "mamba_ssm.modules.mamba_simple"
 
 # Modules the patch needs; an import error in one of them is the user's error.
 _REQUIRED = (_NORM, _SSD, _MAMBA2)
-# Modules patched when they import (mamba3 pulls in optional kernels; the others are
-# plain Python, but a mamba-ssm without them has nothing there to patch).
+# Modules patched when they import (mamba3 pulls in optional kernels, mamba_simple the
+# Mamba-1 CUDA extension; the others are plain Python, but a mamba-ssm without them has
+# nothing there to patch).
 _OPTIONAL = ("mamba_ssm.modules.mamba2_simple", "mamba_ssm.modules.mamba3", "mamba_ssm.modules.ssd_minimal",
-             _STATE_UPDATE)
+             _STATE_UPDATE, _MAMBA1)
 
 # (module, attribute) -> what replaces it.
 _REPLACEMENTS: dict[tuple[str, str], Any] = {
@@ -68,19 +74,19 @@ _REPLACEMENTS: dict[tuple[str, str], Any] = {
     ("mamba_ssm.modules.mamba2_simple", "LayerNorm"): LayerNormGated,
     ("mamba_ssm.modules.mamba3", "RMSNormGated"): RMSNormGated,
     ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): mamba_chunk_scan_combined,
+    (_STATE_UPDATE, "selective_state_update"): selective_state_update,
+    (_MAMBA2, "selective_state_update"): selective_state_update,
+    (_MAMBA1, "selective_state_update"): selective_state_update,
 }
 
 # mamba-ssm functions with no kernel here yet: (module, attribute) -> who calls it, and
 # what runs the kernels instead.
 _MEM_EFF = ("the fused path of Mamba2 / Mamba2Simple with use_mem_eff_path=True, their default; "
             "build them with use_mem_eff_path=False to run mamba-tune's kernels")
-_DECODE = "one decoding step, Mamba2.step"
 NOT_PROVIDED: dict[tuple[str, str], str] = {
     (_SSD, "mamba_split_conv1d_scan_combined"): _MEM_EFF,
     (_MAMBA2, "mamba_split_conv1d_scan_combined"): _MEM_EFF,
     ("mamba_ssm.modules.mamba2_simple", "mamba_split_conv1d_scan_combined"): _MEM_EFF,
-    (_STATE_UPDATE, "selective_state_update"): _DECODE,
-    (_MAMBA2, "selective_state_update"): _DECODE,
 }
 
 
@@ -146,8 +152,8 @@ def patch_mamba_ssm(strict: bool = False) -> None:
     """Make mamba-ssm's modules run these kernels (see the module docstring for what is replaced).
 
     strict: raise NotImplementedError where mamba-ssm calls a function that has no kernel
-    here yet (`mamba_split_conv1d_scan_combined`, `selective_state_update`) instead of
-    running mamba-ssm's own with a one-time warning. Calling it again only updates strict.
+    here yet (`mamba_split_conv1d_scan_combined`) instead of running mamba-ssm's own with a
+    one-time warning. Calling it again only updates strict.
     Raises MambaSsmNotInstalledError (an ImportError) when mamba-ssm cannot be imported.
     """
     with _STATE.lock:
@@ -169,7 +175,7 @@ def patch_mamba_ssm(strict: bool = False) -> None:
         shims: dict[int, Callable[..., Any]] = {}  # one notice per original function
         for (mod, attr), use in NOT_PROVIDED.items():
             original = getattr(modules.get(mod), attr, None)
-            if original is None:  # e.g. mamba2's selective_state_update when Triton is missing
+            if original is None:  # the name exists but its import failed in mamba-ssm: nothing to wrap
                 continue
             originals[(mod, attr)] = original
             installed[(mod, attr)] = shims.setdefault(id(original), _not_provided(attr, use, original))

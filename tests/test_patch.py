@@ -31,6 +31,7 @@ SSD = "mamba_ssm.ops.triton.ssd_combined"
 NORM = "mamba_ssm.ops.triton.layernorm_gated"
 MAMBA2 = "mamba_ssm.modules.mamba2"
 SIMPLE = "mamba_ssm.modules.mamba2_simple"
+STATE_UPDATE = "mamba_ssm.ops.triton.selective_state_update"
 # (module, attribute) -> what the patch must put there.
 EXPECTED = {
     (NORM, "rmsnorm_fn"): mamba_tune.rmsnorm_fn,
@@ -46,11 +47,11 @@ EXPECTED = {
     (SIMPLE, "LayerNorm"): mamba_tune.LayerNormGated,
     ("mamba_ssm.modules.mamba3", "RMSNormGated"): mamba_tune.RMSNormGated,
     ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
+    (STATE_UPDATE, "selective_state_update"): mamba_tune.selective_state_update,
+    (MAMBA2, "selective_state_update"): mamba_tune.selective_state_update,
 }
 NOT_PROVIDED = [(SSD, "mamba_split_conv1d_scan_combined"), (MAMBA2, "mamba_split_conv1d_scan_combined"),
-                (SIMPLE, "mamba_split_conv1d_scan_combined"),
-                ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
-                (MAMBA2, "selective_state_update")]
+                (SIMPLE, "mamba_split_conv1d_scan_combined")]
 
 
 @pytest.fixture
@@ -144,9 +145,6 @@ def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
         with warnings.catch_warnings():
             warnings.simplefilter("error", MambaTuneWarning)
             shim()
-    with pytest.warns(MambaTuneWarning, match=r"no kernel for selective_state_update yet .*Mamba2.step"), \
-            pytest.raises(TypeError):
-        mamba_ssm[MAMBA2].selective_state_update()
 
 
 def test_strict_refuses_what_is_not_provided(mamba_ssm):
@@ -154,6 +152,23 @@ def test_strict_refuses_what_is_not_provided(mamba_ssm):
     for mod, attr in NOT_PROVIDED:
         with pytest.raises(NotImplementedError, match=f"no kernel for {attr} yet.*strict=True"):
             getattr(mamba_ssm[mod], attr)(None)
+    # The decoding step is provided: strict runs ours (whose shape check answers a bad call).
+    with pytest.raises(ValueError, match="selective_state_update: state must be"):
+        mamba_ssm[MAMBA2].selective_state_update(*[torch.zeros(2)] * 6)
+
+
+def test_mamba1_step_gets_the_decoding_step_where_its_module_imports(mamba_ssm):
+    import importlib
+
+    try:
+        simple = importlib.import_module("mamba_ssm.modules.mamba_simple")
+    except ImportError as e:  # CI: its Mamba-1 CUDA extension is not built
+        pytest.skip(f"mamba_ssm.modules.mamba_simple does not import here: {e}")
+    before = simple.selective_state_update
+    mamba_tune.patch_mamba_ssm()
+    assert simple.selective_state_update is mamba_tune.selective_state_update
+    mamba_tune.unpatch_mamba_ssm()
+    assert simple.selective_state_update is before
 
 
 def test_a_norm_built_before_the_patch_runs_the_kernels(mamba_ssm):
@@ -215,7 +230,7 @@ def test_without_mamba_ssm_patching_raises_an_import_error_naming_it(monkeypatch
 
 @pytest.mark.slow
 def test_without_mamba_ssm_the_environment_variable_fails_the_import():
-    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport kernels", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
+    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport mamba_tune", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
     assert r.returncode != 0
     assert "MambaSsmNotInstalledError: patch_mamba_ssm: the mamba-ssm package is not installed" in r.stderr
 

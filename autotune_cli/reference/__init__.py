@@ -1,6 +1,7 @@
 """The one reference module: fp32, written for clarity; used by tests, the tuner's
 accuracy check and the benchmarks alike."""
 
+from autotune_cli.reference.decode import selective_state_update_ref
 from autotune_cli.reference.norm import gated_norm_ref, gated_norm_stats_ref
 from autotune_cli.reference.ssd import (
     bmm_chunk_ref,
@@ -21,6 +22,7 @@ __all__ = [
     "chunk_state_ref",
     "gated_norm_ref",
     "gated_norm_stats_ref",
+    "selective_state_update_ref",
     "ssd_chunked_grads",
     "ssd_chunked_ref",
     "ssd_dt_ref",

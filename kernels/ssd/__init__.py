@@ -9,7 +9,9 @@ is named like mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and ea
 declares its kernels' runtime records (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
 ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan, ssd_chunk_state_passing_bwd,
 ssd_chunk_scan_chunk_state_bwd_dx, ssd_chunk_state_scan_bwd_dbdc, ssd_chunk_cumsum_bwd);
-their tuning records are in `autotune_cli/tuning/ssd/`.
+their tuning records are in `autotune_cli/tuning/ssd/`. The submodule selective_state_update
+is the decoding step (mamba-ssm `selective_state_update`; `mamba_tune.selective_state_update`
+is its public function, not re-exported here so that the submodule keeps its name).
 """
 
 from mamba_tune.ssd.bmm import bmm_chunk_fwd

@@ -1,4 +1,4 @@
-"""Tuning records of the SSD family, one module per stage as in `kernels/ssd/`."""
+"""Tuning records of the SSD family, one module per stage as in `kernels/ssd/` (and the decoding step)."""
 
 from autotune_cli.tuning.ssd import (
     bmm,
@@ -10,6 +10,7 @@ from autotune_cli.tuning.ssd import (
     chunk_state_passing,
     chunk_state_passing_bwd,
     chunk_state_scan_bwd_dbdc,
+    selective_state_update,
     state_passing,
 )
 
@@ -24,4 +25,5 @@ KERNELS = (
     chunk_scan_chunk_state_bwd_dx.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
     chunk_state_scan_bwd_dbdc.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
     chunk_cumsum_bwd.SSD_CHUNK_CUMSUM_BWD,
+    selective_state_update.SELECTIVE_STATE_UPDATE,
 )
