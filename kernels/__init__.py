@@ -28,6 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mamba_tune.layer import mamba_split_conv1d_scan_combined
     from mamba_tune.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
     from mamba_tune.patch import (
         MambaSsmNotInstalledError,
@@ -71,6 +72,7 @@ _WHERE = {
     "is_patched": "mamba_tune.patch",
     "layernorm_fn": "mamba_tune.norm",
     "mamba_chunk_scan_combined": "mamba_tune.ssd",
+    "mamba_split_conv1d_scan_combined": "mamba_tune.layer",
     "patch_mamba_ssm": "mamba_tune.patch",
     "patched_mamba_ssm": "mamba_tune.patch",
     "record_calls": "mamba_tune.record",
@@ -87,6 +89,7 @@ __all__ = [
     "is_patched",
     "layernorm_fn",
     "mamba_chunk_scan_combined",
+    "mamba_split_conv1d_scan_combined",
     "patch_mamba_ssm",
     "patched_mamba_ssm",
     "record_calls",
@@ -96,7 +99,7 @@ __all__ = [
 
 
 # Submodules that `import mamba_tune` used to load, still reachable as attributes.
-_SUBMODULES = ("bundle", "norm", "patch", "record", "runtime", "ssd", "vocab")
+_SUBMODULES = ("bundle", "layer", "norm", "patch", "record", "runtime", "ssd", "vocab")
 
 
 def __getattr__(name: str) -> Any:

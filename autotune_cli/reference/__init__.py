@@ -1,6 +1,7 @@
 """The one reference module: fp32, written for clarity; used by tests, the tuner's
 accuracy check and the benchmarks alike."""
 
+from autotune_cli.reference.layer import split_conv1d_scan_ref
 from autotune_cli.reference.norm import gated_norm_ref, gated_norm_stats_ref
 from autotune_cli.reference.ssd import (
     bmm_chunk_ref,
@@ -24,6 +25,7 @@ __all__ = [
     "ssd_chunked_grads",
     "ssd_chunked_ref",
     "ssd_dt_ref",
+    "split_conv1d_scan_ref",
     "ssd_recurrent_ref",
     "state_passing_ref",
 ]
