@@ -46,10 +46,11 @@ EXPECTED = {
     (SIMPLE, "LayerNorm"): mamba_tune.LayerNormGated,
     ("mamba_ssm.modules.mamba3", "RMSNormGated"): mamba_tune.RMSNormGated,
     ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
+    (SSD, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
+    (MAMBA2, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
+    (SIMPLE, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
 }
-NOT_PROVIDED = [(SSD, "mamba_split_conv1d_scan_combined"), (MAMBA2, "mamba_split_conv1d_scan_combined"),
-                (SIMPLE, "mamba_split_conv1d_scan_combined"),
-                ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
+NOT_PROVIDED = [("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
                 (MAMBA2, "selective_state_update")]
 
 
@@ -133,10 +134,10 @@ def test_context_manager_restores_the_state_before_it(mamba_ssm):
 
 def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
     mamba_tune.patch_mamba_ssm()
-    shim = mamba_ssm[MAMBA2].mamba_split_conv1d_scan_combined
+    shim = mamba_ssm[MAMBA2].selective_state_update
     # Called without arguments, mamba-ssm's own function raises TypeError: proof it ran.
-    with pytest.warns(MambaTuneWarning, match=r"no kernel for mamba_split_conv1d_scan_combined yet .*"
-                                              r"use_mem_eff_path=False"), pytest.raises(TypeError):
+    with pytest.warns(MambaTuneWarning, match=r"no kernel for selective_state_update yet .*Mamba2.step"), \
+            pytest.raises(TypeError):
         shim()
     with pytest.raises(TypeError):  # warned once: an error here if it warned again
         import warnings
@@ -144,9 +145,20 @@ def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
         with warnings.catch_warnings():
             warnings.simplefilter("error", MambaTuneWarning)
             shim()
-    with pytest.warns(MambaTuneWarning, match=r"no kernel for selective_state_update yet .*Mamba2.step"), \
-            pytest.raises(TypeError):
-        mamba_ssm[MAMBA2].selective_state_update()
+
+
+def test_the_fused_layer_is_ours_and_warns_nothing(mamba_ssm):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MambaTuneWarning)
+        mamba_tune.patch_mamba_ssm(strict=True)
+        for mod in (SSD, MAMBA2, SIMPLE):
+            fn = mamba_ssm[mod].mamba_split_conv1d_scan_combined
+            assert fn is mamba_tune.mamba_split_conv1d_scan_combined and not hasattr(fn, "__wrapped__")
+            with pytest.raises(ValueError, match="mamba_split_conv1d_scan_combined: zxbcdt must be"):
+                fn(torch.zeros(4), torch.zeros(8, 4), None, torch.zeros(2), torch.zeros(2), torch.zeros(2), 16,
+                   headdim=2)
 
 
 def test_strict_refuses_what_is_not_provided(mamba_ssm):
@@ -215,7 +227,7 @@ def test_without_mamba_ssm_patching_raises_an_import_error_naming_it(monkeypatch
 
 @pytest.mark.slow
 def test_without_mamba_ssm_the_environment_variable_fails_the_import():
-    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport kernels", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
+    r = _run("import sys; sys.modules['mamba_ssm'] = None\nimport mamba_tune", MAMBA_TUNE_PATCH_MAMBA_SSM="1")
     assert r.returncode != 0
     assert "MambaSsmNotInstalledError: patch_mamba_ssm: the mamba-ssm package is not installed" in r.stderr
 
