@@ -15,6 +15,7 @@ from helion.runtime.ref_mode import RefMode
 
 from autotune_cli.tuning import all_kernels
 from mamba_tune import runtime
+from mamba_tune.conv1d import causal_conv1d
 
 
 def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
@@ -24,7 +25,9 @@ def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
 
 @pytest.fixture
 def layer_ref_mode() -> Iterator[None]:
-    kernels = [tk.kernel for tk in all_kernels().values()]
+    # The conv1d kernels by name too: the layer calls them whether or not they have tuning records.
+    rks = [*all_kernels().values(), causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD]
+    kernels = list({id(rk.kernel): rk.kernel for rk in rks}.values())
     saved = [k.settings.ref_mode for k in kernels]
     saved_block_ref = hl.register_block_size._ref_fn
     hl.register_block_size._ref_fn = _smallest_block
