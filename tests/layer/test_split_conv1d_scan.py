@@ -12,7 +12,6 @@ both against the fp32 reference, scale = max(1, max |reference|).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import mamba_ssm_cpu
 import pytest
 import torch
+from layer_inputs import Layer
 
 import mamba_tune
 from autotune_cli.reference import split_conv1d_scan_ref
@@ -29,65 +29,6 @@ from autotune_cli.reference.layer import causal_conv1d_ref
 from mamba_tune.layer.split_conv1d_scan import split_conv1d_scan_backward, split_conv1d_scan_forward
 
 pytestmark = pytest.mark.usefixtures("layer_ref_mode")
-
-NAMES = ("zxbcdt", "conv1d_weight", "conv1d_bias", "dt_bias", "A", "D", "initial_states", "rmsnorm_weight",
-         "outproj_weight", "outproj_bias")
-
-
-@dataclasses.dataclass
-class Layer:
-    """One call's arguments: tensors by name (None where absent) and the keyword options."""
-
-    tensors: dict[str, torch.Tensor | None]
-    seq_idx: torch.Tensor | None
-    kwargs: dict[str, Any]
-    chunk_size: int = 16
-
-    @classmethod
-    def make(cls, dtype: torch.dtype, seed: int = 0, batch: int = 2, seqlen: int = 40, nheads: int = 4,
-             headdim: int = 8, ngroups: int = 2, dstate: int = 16, width: int = 4, d_mlp: int = 0,
-             out_dim: int | None = 24, outproj_bias: bool = True, conv_bias: bool = True, rmsnorm: bool = True,
-             D_per_head: bool = True, initial_states: bool = False, seq_idx: bool = False,
-             **kwargs: Any) -> Layer:
-        gen = torch.Generator().manual_seed(seed)
-
-        def rnd(*shape: int, scale: float = 1.0, shift: float = 0.0, dt: torch.dtype = dtype) -> torch.Tensor:
-            return (torch.randn(*shape, generator=gen) * scale + shift).to(dt)
-
-        dim = nheads * headdim
-        conv_dim = dim + 2 * ngroups * dstate
-        t: dict[str, torch.Tensor | None] = {
-            "zxbcdt": rnd(batch, seqlen, 2 * d_mlp + dim + conv_dim + nheads),
-            "conv1d_weight": rnd(conv_dim, width, scale=0.4),
-            "conv1d_bias": rnd(conv_dim, scale=0.2) if conv_bias else None,
-            "dt_bias": rnd(nheads, scale=0.5, shift=-2.0),  # softplus(dt + dt_bias) ~ 0.1: decays that matter
-            "A": -torch.rand(nheads, generator=gen) - 0.5,  # fp32, as Mamba2 passes -exp(A_log.float())
-            "D": rnd(nheads, scale=0.5) if D_per_head else rnd(nheads, headdim, scale=0.5),
-            "initial_states": rnd(batch, nheads, headdim, dstate, scale=0.5) if initial_states else None,
-            "rmsnorm_weight": rnd(dim, scale=0.1, shift=1.0) if rmsnorm else None,
-            "outproj_weight": rnd(out_dim, d_mlp + dim, scale=0.2) if out_dim else None,
-            "outproj_bias": rnd(out_dim, scale=0.1) if out_dim and outproj_bias else None,
-        }
-        ids = None
-        if seq_idx:  # three packed sequences in row 0, two in row 1, boundaries inside chunks
-            cuts = [[7, 29], [18]]
-            ids = torch.zeros(batch, seqlen, dtype=torch.int32)
-            for b, row in enumerate(cuts[:batch]):
-                for c in row:
-                    ids[b, c:] += 1
-        kw = {"headdim": headdim if D_per_head else None, "ngroups": ngroups, **kwargs}
-        return cls(t, ids, kw)
-
-    def leaves(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone().requires_grad_() for k, v in self.tensors.items() if v is not None}
-
-    def call_args(self, t: dict[str, torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        g = {k: t.get(k) for k in NAMES}
-        args = (g["zxbcdt"], g["conv1d_weight"], g["conv1d_bias"], g["dt_bias"], g["A"], g["D"], self.chunk_size)
-        kw = {"initial_states": g["initial_states"], "seq_idx": self.seq_idx, "rmsnorm_weight": g["rmsnorm_weight"],
-              "outproj_weight": g["outproj_weight"], "outproj_bias": g["outproj_bias"], **self.kwargs}
-        return args, kw
-
 
 def ours(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return mamba_tune.mamba_split_conv1d_scan_combined(*args, return_final_states=True, **kw)
