@@ -245,3 +245,18 @@ def test_forward_and_gradients_match_mamba_ssms_reference(mamba_ssm_ref, options
     for name, g in zip(leaves, grads, strict=True):
         err = (got[name] - g).abs().max().item()
         assert err <= 2e-5 * max(1.0, g.abs().max().item()), f"{name}: max error {err:.3e}"
+
+
+def test_autocast_runs_out_proj_in_the_autocast_dtype():
+    """As mamba-ssm under autocast: out_proj's GEMM (forward and backward) in the autocast dtype,
+    the output in it, every gradient in its input's dtype and close to the fp32 call's."""
+    layer, _ = _layer({"d_mlp": 4}, torch.float32)
+    dout, _ = _out_grads(layer, False)
+    full = _run(ours, layer, dout, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = _run(ours, layer, dout, None)
+    assert cast["out"].dtype == torch.bfloat16 and cast["final_states"].dtype == torch.float32
+    for name, t in full.items():
+        assert cast[name] is not None and cast[name].dtype == (torch.bfloat16 if name == "out" else t.dtype), name
+        err = (cast[name].float() - t).abs().max().item()
+        assert err <= 3e-2 * max(1.0, t.abs().max().item()), f"{name}: autocast vs fp32 max difference {err:.3e}"
