@@ -10,8 +10,10 @@ The conv1d runs `mamba_tune.conv1d`, the SSD its stage kernels, the norm
 Memory: the forward saves its inputs only (zxbcdt and the weights), none of the conv output,
 the SSD output or the norm's statistics; the backward recomputes the conv, the SSD output
 and the norm. mamba-ssm also saves the SSD output and the norm's rstd, so the activations
-kept between forward and backward are smaller here, at the price of one more SSD forward
-in the backward. The backward's transient buffers are freed stage by stage.
+kept between forward and backward are smaller here. The price: the SSD's chunk_scan (F5) and
+the norm's forward run again in the backward (the SSD backward recomputes F1-F4 in any case,
+and here reuses those of the SSD output's recompute: `ssd_recompute_forward`). The backward's
+transient buffers are freed stage by stage.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 
 from mamba_tune import vocab
 from mamba_tune.norm import gated
-from mamba_tune.ssd.combined import ssd_backward, ssd_forward
+from mamba_tune.ssd.combined import ssd_backward, ssd_forward, ssd_recompute_forward
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -159,23 +161,14 @@ class _Options:
     norm_before_gate: bool
 
 
-def _ssd_and_norm(dims: _Dims, opts: _Options, xBC_conv: torch.Tensor, z: torch.Tensor, dt: torch.Tensor,
-                  A: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, initial_states: torch.Tensor | None,
-                  seq_idx: torch.Tensor | None, rmsnorm_weight: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(gated output (b, l, dim), final_states fp32, and with a norm the SSD output y (b, l, dim) before it
-    and the norm's rstd (b * l, ngroups) fp32; else None, None)."""
-    x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
-    y, final_states = ssd_forward(x, dt, A, B, C, opts.chunk_size, D=D, z=z4 if rmsnorm_weight is None else None,
-                                  dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                  dt_limit=opts.dt_limit)
-    y = y.reshape(dims.batch, dims.seqlen, dims.dim)
-    if rmsnorm_weight is None:
-        return y, final_states, None, None
-    gated._check_inputs(y, rmsnorm_weight, None, z, dims.dim // dims.ngroups)
-    out, _, rstd = gated._fwd(gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous(), None,
-                              opts.rmsnorm_eps, dims.dim // dims.ngroups, opts.norm_before_gate, True)
-    return out.view(dims.batch, dims.seqlen, dims.dim), final_states, y, rstd
+def _norm(dims: _Dims, opts: _Options, y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated RMSNorm of the SSD output y (b, l, dim) with z, in ngroups groups: (out (b, l, dim), rstd fp32)."""
+    gs = dims.dim // dims.ngroups
+    gated._check_inputs(y, weight, None, z, gs)
+    out, _, rstd = gated._fwd(gated._rows(y), gated._rows(z), weight.contiguous(), None, opts.rmsnorm_eps, gs,
+                              opts.norm_before_gate, True)
+    return out.view(dims.batch, dims.seqlen, dims.dim), rstd
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -215,9 +208,14 @@ def _forward(dims: _Dims, opts: _Options, zxbcdt: torch.Tensor, conv1d_weight: t
              outproj_bias: torch.Tensor | None, autocast: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     zx0, z, xBC, dt = torch.split(zxbcdt, dims.splits, dim=-1)
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
-    out, final_states, _, _ = _ssd_and_norm(dims, opts, xBC_conv, z, dt, A, D, dt_bias, initial_states, seq_idx,
-                                         rmsnorm_weight)
-    del xBC_conv
+    x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
+    y, final_states = ssd_forward(x, dt, A, B, C, opts.chunk_size, D=D, z=z4 if rmsnorm_weight is None else None,
+                                  dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                  dt_limit=opts.dt_limit)
+    del xBC_conv, x, B, C
+    out = y.reshape(dims.batch, dims.seqlen, dims.dim)
+    if rmsnorm_weight is not None:
+        out, _ = _norm(dims, opts, out, z, rmsnorm_weight)
     if dims.d_mlp > 0:
         out = torch.cat([_swiglu(zx0), out], dim=-1)
     return _out_proj(out, outproj_weight, outproj_bias, autocast), final_states
@@ -263,15 +261,21 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     grads: dict[str, torch.Tensor | None] = {"conv1d_bias": None, "rmsnorm_weight": None, "outproj_weight": None,
                                              "outproj_bias": None}
 
-    # Recompute the conv (nothing but inputs was saved), then the layer output before out_proj
-    # where out_proj's weight gradient needs it.
+    # Recompute the conv (nothing but inputs was saved), then, where the norm's backward or
+    # out_proj's weight gradient needs them, the SSD output and the norm: the SSD intermediates
+    # recomputed on the way serve the SSD backward too.
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
     x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
-    need_gated = outproj_weight is not None or rmsnorm_weight is not None
-    gated_out = y = rstd = None
-    if need_gated:
-        gated_out, _, y, rstd = _ssd_and_norm(dims, opts, xBC_conv, z, dt, A, D, dt_bias, initial_states, seq_idx,
-                                        rmsnorm_weight)
+    gated_out = y = rstd = inter = None
+    if outproj_weight is not None or rmsnorm_weight is not None:
+        y4, inter = ssd_recompute_forward(x, dt, A, B, C, opts.chunk_size, D=D,
+                                          z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
+                                          initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                          dt_limit=opts.dt_limit)
+        y = gated_out = y4.reshape(b, s, dims.dim)
+        del y4
+        if rmsnorm_weight is not None:
+            gated_out, rstd = _norm(dims, opts, y, z, rmsnorm_weight)
     if outproj_weight is not None:
         weight = outproj_weight if autocast is None else outproj_weight.to(autocast)
         dlin = dout.to(weight.dtype)
@@ -289,9 +293,10 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     del gated_out
 
     if rmsnorm_weight is None:
+        y = None  # only out_proj's weight gradient read it
         g = ssd_backward(dy.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
                          opts.chunk_size, D=D, z=z4, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit)
+                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter)
         assert g["z"] is not None
         dz_out.copy_(g["z"].reshape(b, s, dims.dim))
     else:
@@ -308,9 +313,9 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
         del dz2
         g = ssd_backward(dy2.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
                          opts.chunk_size, D=D, z=None, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit)
+                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter)
         del dy2
-    del xBC_conv, x, B, C
+    del xBC_conv, x, B, C, inter
     assert g["dt"] is not None and g["x"] is not None and g["B"] is not None and g["C"] is not None
     ddt_out.copy_(g["dt"])
     dxBC_conv = torch.cat([g["x"].reshape(b, s, dims.dim), g["B"].reshape(b, s, -1), g["C"].reshape(b, s, -1)],

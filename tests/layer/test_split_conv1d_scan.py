@@ -260,3 +260,27 @@ def test_autocast_runs_out_proj_in_the_autocast_dtype():
         assert cast[name] is not None and cast[name].dtype == (torch.bfloat16 if name == "out" else t.dtype), name
         err = (cast[name].float() - t).abs().max().item()
         assert err <= 3e-2 * max(1.0, t.abs().max().item()), f"{name}: autocast vs fp32 max difference {err:.3e}"
+
+
+def test_the_ssd_intermediates_handed_to_the_backward_are_the_ones_it_recomputes():
+    """ssd_recompute_forward (the layer's backward) gives ssd_forward's output, and ssd_backward
+    given its intermediates gives the gradients it computes by itself: bitwise."""
+    from mamba_tune.ssd.combined import ssd_backward, ssd_forward, ssd_recompute_forward
+
+    gen = torch.Generator().manual_seed(3)
+    b, s, h, p, g, n = 2, 40, 4, 8, 2, 16
+    x, z = torch.randn(b, s, h, p, generator=gen), torch.randn(b, s, h, p, generator=gen)
+    dt, A = torch.randn(b, s, h, generator=gen), -torch.rand(h, generator=gen) - 0.5
+    B, C = torch.randn(b, s, g, n, generator=gen), torch.randn(b, s, g, n, generator=gen)
+    kw = {"D": torch.randn(h, generator=gen), "z": z, "dt_bias": torch.randn(h, generator=gen) - 2,
+          "initial_states": torch.randn(b, h, p, n, generator=gen), "dt_softplus": True,
+          "seq_idx": torch.tensor([[0] * 13 + [1] * 27, [0] * 40], dtype=torch.int32)}
+    out, _ = ssd_forward(x, dt, A, B, C, 16, **kw)
+    again, inter = ssd_recompute_forward(x, dt, A, B, C, 16, **kw)
+    assert torch.equal(out, again)
+    dy, dfinal = torch.randn(b, s, h, p, generator=gen), torch.randn(b, h, p, n, generator=gen)
+    alone = ssd_backward(dy, dfinal, x, dt, A, B, C, 16, **kw)
+    handed = ssd_backward(dy, dfinal, x, dt, A, B, C, 16, **kw, intermediates=inter)
+    assert alone.keys() == handed.keys()
+    for name, t in alone.items():
+        assert t is not None and torch.equal(t, handed[name]), name
