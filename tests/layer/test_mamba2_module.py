@@ -34,11 +34,11 @@ pytestmark = [pytest.mark.usefixtures("layer_ref_mode"),
 @pytest.fixture
 def modules() -> Iterator[dict[str, Any]]:
     mamba_ssm_cpu.load()
-    from mamba_ssm.modules import mamba2
+    from mamba_ssm.modules import mamba2, mamba2_simple
     from mamba_ssm.ops.triton import layernorm_gated
 
     mamba_tune.unpatch_mamba_ssm()
-    yield {"mamba2": mamba2, "layernorm_gated": layernorm_gated}
+    yield {"mamba2": mamba2, "mamba2_simple": mamba2_simple, "layernorm_gated": layernorm_gated}
     mamba_tune.unpatch_mamba_ssm()
 
 
@@ -71,11 +71,12 @@ def _grads(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor) -> dict
     return result
 
 
-def _reference(modules, monkeypatch, module, u, dout, upcast: bool) -> dict[str, torch.Tensor]:
+def _reference(modules, monkeypatch, module, u, dout, upcast: bool, where: str = "mamba2"
+               ) -> dict[str, torch.Tensor]:
     ssd, rmsnorm = _reference_fns(upcast)
     module.use_mem_eff_path = False
     with monkeypatch.context() as m:
-        m.setattr(modules["mamba2"], "mamba_chunk_scan_combined", ssd)
+        m.setattr(modules[where], "mamba_chunk_scan_combined", ssd)
         m.setattr(modules["layernorm_gated"], "rmsnorm_fn", rmsnorm)  # what mamba-ssm's RMSNorm calls
         return _grads(module, u, dout)
 
@@ -128,6 +129,35 @@ def test_patched_mamba2_fused_path_matches_the_reference(modules, monkeypatch, o
     for name in sorted(got):
         g, r, lo = got[name].float(), ref32[name].float(), low[name].float()
         assert not g.isnan().any(), f"{name}: NaN"
+        err = (g - r).abs().max().item()
+        bound = 2 * (lo - r).abs().max().item() + atol * max(1.0, r.abs().max().item())
+        assert err <= bound, f"{name}: max error {err:.3e} > 2 * eager-{dtype} error + atol * scale = {bound:.3e}"
+
+
+@pytest.mark.parametrize("dtype,atol", DTYPES)
+def test_patched_mamba2_simple_with_learnable_initial_states(modules, monkeypatch, dtype, atol):
+    """Mamba2Simple's fused path passes initial_states (its learnable init_states, per batch row)
+    and norm_before_gate=False. ngroups 1: its unfused path normalizes whole rows, its fused path
+    in ngroups groups (mamba-ssm's own difference), which agree only then."""
+    Mamba2Simple = modules["mamba2_simple"].Mamba2Simple
+    torch.manual_seed(0)
+    reference = Mamba2Simple(d_model=32, d_state=16, headdim=16, ngroups=1, chunk_size=16,
+                             learnable_init_states=True)
+    assert reference.use_mem_eff_path
+    with torch.no_grad():
+        for p in reference.parameters():  # away from the init (init_states 0, norm weight 1, D 1)
+            p.add_(0.1 * torch.randn_like(p))
+    reference = reference.to(dtype)
+    u, dout = torch.randn(2, 40, 32).to(dtype), torch.randn(2, 40, 32).to(dtype)
+    patched = copy.deepcopy(reference)
+    with mamba_tune.patched_mamba_ssm(strict=True):
+        got = _grads(patched, u, dout)
+    ref32 = _reference(modules, monkeypatch, copy.deepcopy(reference).float(), u.float(), dout.float(), upcast=True,
+                       where="mamba2_simple")
+    low = _reference(modules, monkeypatch, copy.deepcopy(reference), u, dout, upcast=False, where="mamba2_simple")
+    assert "init_states" in got and set(got) == set(ref32)
+    for name in sorted(got):
+        g, r, lo = got[name].float(), ref32[name].float(), low[name].float()
         err = (g - r).abs().max().item()
         bound = 2 * (lo - r).abs().max().item() + atol * max(1.0, r.abs().max().item())
         assert err <= bound, f"{name}: max error {err:.3e} > 2 * eager-{dtype} error + atol * scale = {bound:.3e}"
