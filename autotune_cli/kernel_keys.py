@@ -151,9 +151,13 @@ def conv1d_bwd_dims(shape: ModelShape) -> dict[str, int]:
     return pick({**dims, "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_DIMS)
 
 
-def _no_training_call(shape: ModelShape) -> None:
-    # The conv's decode step: no training call makes it.
-    return None
+def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
+    """The decode step of the same layer (mamba_ssm Mamba2.step): one new position of xBC per
+    row of the batch, the state (batch, dim, d_conv) that its inference cache allocates,
+    bias and SiLU, no circular buffer or state slots."""
+    dims = conv1d_fwd_dims(shape)
+    return {"batch": shape.batch, "dim": dims["dim"], "seqlen": 1, "width": D_CONV, "state_len": D_CONV,
+            "has_bias": 1, "silu": 1, "has_cache_seqlens": 0, "has_state_indices": 0}
 
 
 CHUNK_CUMSUM_DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
@@ -174,7 +178,7 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_fwd_kernel"),
     KernelKey("causal_conv1d_bwd", "conv1d", CONV1D_BWD_DIMS, conv1d_bwd_dims,
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
-    KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, _no_training_call,
+    KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,
               "mamba_tune.conv1d.update:causal_conv1d_update_kernel"),
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),
     KernelKey("gated_norm_bwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_bwd_kernel"),

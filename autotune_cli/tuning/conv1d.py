@@ -2,7 +2,8 @@
 
 The Mamba-2 layer runs the conv over xBC (dim = d_inner + 2 * ngroups * dstate, width =
 d_conv) in the channel-last layout, with bias and SiLU, and with seq_idx for packed
-sequences (`autotune_cli.kernel_keys.conv1d_dims`). The baseline is the causal-conv1d
+sequences (`autotune_cli.kernel_keys.conv1d_fwd_dims`); its decode step takes one
+position per row with a (batch, dim, d_conv) state (`conv1d_update_dims`). The baseline is the causal-conv1d
 package where it is importable (a CUDA extension many installs lack), else eager torch
 (`F.conv1d`, and autograd through it for the backward); the baseline's name says which.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import conv1d_bwd_dims, conv1d_fwd_dims
+from autotune_cli.kernel_keys import conv1d_bwd_dims, conv1d_fwd_dims, conv1d_update_dims
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from mamba_tune.conv1d import causal_conv1d as conv
@@ -29,9 +30,8 @@ def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
     return conv1d_bwd_dims(shape)
 
 
-def _update_dims_for(shape: ModelShape) -> None:
-    # The decode step: no training call makes it (tune it by hand: `mamba-tune tune causal_conv1d_update`).
-    return None
+def _update_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_update_dims(shape)
 
 
 class ConvInputs:
@@ -151,7 +151,8 @@ class UpdateInputs:
 
         self.x = rand(batch, dim, seqlen)
         nslots = batch + 2 if dims.get("has_state_indices", 0) else batch
-        self.state0 = rand(nslots, dim, state_len)
+        # The layout of mamba-ssm's inference cache: (batch, d_conv, dim) transposed.
+        self.state0 = rand(nslots, state_len, dim).transpose(1, 2)
         self.weight = rand(dim, width, scale=width ** -0.5)
         self.bias = rand(dim, scale=0.1) if dims.get("has_bias", 0) else None
         self.activation = "silu" if dims.get("silu", 0) else None
@@ -165,7 +166,7 @@ class UpdateInputs:
             self.indices = indices.to(device)
 
     def ref(self) -> dict[str, torch.Tensor]:
-        state = self.state0.clone()
+        state = self.state0.transpose(1, 2).clone().transpose(1, 2)
         out = causal_conv1d_update_ref(self.x, state, self.weight, self.bias, self.activation, self.cache_seqlens,
                                        self.indices)
         return {"out": out.float(), "conv_state": state.float()}
@@ -175,7 +176,7 @@ def _make_update_problem(dims: dict[str, int], dtype: torch.dtype, device: torch
     inp = UpdateInputs(dims, dtype, device, seed)
     # The kernel updates the state in place: it runs on a copy, the references on the original.
     # (Without cache_seqlens each run shifts the state: the problem checks the first run.)
-    state = inp.state0.clone()
+    state = inp.state0.transpose(1, 2).clone().transpose(1, 2)
     args = (inp.x, state, inp.weight, inp.bias, inp.cache_seqlens, inp.indices, torch.empty_like(inp.x),
             inp.weight.shape[1], inp.activation is not None)
     return Problem(
@@ -254,7 +255,7 @@ def _baseline_update(dims: dict[str, int], dtype: torch.dtype, device: torch.dev
     if device.type != "cuda":
         return None
     inp = UpdateInputs(dims, dtype, device, seed)
-    state = inp.state0.clone()
+    state = inp.state0.transpose(1, 2).clone().transpose(1, 2)
     found = causal_conv1d_package()
     if found is not None:
         pkg, name = found

@@ -312,6 +312,9 @@ def conv1d_backward(
             raise err(f"dx dtype {dx.dtype} != x dtype {x.dtype}")
         if dx.stride(2) != 1 and dx.stride(1) != 1:
             raise err(f"dx strides {dx.stride()} have no unit-stride seqlen or dim axis")
+        if dx.data_ptr() == dout.data_ptr():
+            # Each program reads dout width - 1 positions ahead of the dx it writes.
+            raise err("dx must not be dout's memory (the backward reads dout around each dx it writes)")
     check_device(x.device, dout=dout, dfinal_states=dfinal_states, dx=dx)
     x = _strided(x)
     dout = _strided(dout)
