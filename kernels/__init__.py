@@ -28,6 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mamba_tune.conv1d import causal_conv1d_fn, causal_conv1d_update
     from mamba_tune.layer import mamba_split_conv1d_scan_combined
     from mamba_tune.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
     from mamba_tune.patch import (
@@ -68,6 +69,8 @@ _WHERE = {
     "MambaSsmNotInstalledError": "mamba_tune.patch",
     "Mode": "mamba_tune.runtime",
     "RMSNormGated": "mamba_tune.norm",
+    "causal_conv1d_fn": "mamba_tune.conv1d",
+    "causal_conv1d_update": "mamba_tune.conv1d",
     "configure": "mamba_tune.runtime",
     "is_patched": "mamba_tune.patch",
     "layernorm_fn": "mamba_tune.norm",
@@ -85,6 +88,8 @@ __all__ = [
     "MambaSsmNotInstalledError",
     "Mode",
     "RMSNormGated",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
     "configure",
     "is_patched",
     "layernorm_fn",

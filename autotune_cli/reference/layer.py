@@ -1,7 +1,7 @@
 """fp32 reference for Mamba-2's fused layer (mamba-ssm `mamba_split_conv1d_scan_combined`).
 
-Composed from the other references: the causal depthwise conv1d below, the chunked SSD
-(`ssd_chunked_ref`) and the gated norm (`gated_norm_ref`), plus torch's SwiGLU and linear.
+Composed from the other references: the causal depthwise conv1d (`causal_conv1d_ref`), the
+chunked SSD (`ssd_chunked_ref`) and the gated norm (`gated_norm_ref`), plus torch's SwiGLU and linear.
 Plain differentiable torch ops: its gradients (torch.autograd) are the reference gradients.
 
 zxbcdt (batch, seqlen, 2 * d_mlp + 2 * dim + 2 * ngroups * dstate + nheads) splits into
@@ -15,33 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autotune_cli.reference.conv1d import causal_conv1d_ref
 from autotune_cli.reference.norm import gated_norm_ref
 from autotune_cli.reference.ssd import ssd_chunked_ref
 from mamba_tune.vocab import DT_LIMIT_NONE
-
-
-def causal_conv1d_ref(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    seq_idx: torch.Tensor | None = None,
-    silu: bool = True,
-) -> torch.Tensor:
-    """out[b, d, t] = act(bias[d] + sum_k weight[d, k] x[b, d, t - (width - 1) + k]), fp32, like x.
-
-    x: (batch, dim, seqlen); weight: (dim, width); positions before 0 are 0, and with seq_idx
-    (batch, seqlen) so is every position of another sequence than t's.
-    """
-    width = weight.shape[1]
-    xf = F.pad(x.float(), (width - 1, 0))
-    windows = xf.unfold(-1, width, 1)  # (batch, dim, seqlen, width): window k ends at t
-    if seq_idx is not None:
-        ids = F.pad(seq_idx.long(), (width - 1, 0), value=-1).unfold(-1, width, 1)  # (batch, seqlen, width)
-        windows = windows * (ids == seq_idx.long()[..., None])[:, None].float()
-    out = torch.einsum("bdtk,dk->bdt", windows, weight.float())
-    if bias is not None:
-        out = out + bias.float()[:, None]
-    return (F.silu(out) if silu else out).to(x.dtype)
 
 
 def split_conv1d_scan_ref(
@@ -68,8 +45,8 @@ def split_conv1d_scan_ref(
     """The layer's (out, final_states fp32); arguments as `mamba_split_conv1d_scan_combined`.
 
     upcast=True computes in fp32 (inputs cast first; out is fp32). upcast=False keeps the
-    inputs' dtypes the way eager PyTorch would (the tests' error bound); the conv then
-    rounds its fp32 result to x's dtype, as the kernels do.
+    inputs' dtypes the way eager PyTorch would (the tests' error bound), except the conv,
+    which rounds its fp32 result to x's dtype, as the kernels do.
     """
     if upcast:
         def up(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -84,8 +61,9 @@ def split_conv1d_scan_ref(
     d_mlp = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * dstate - nheads) // 2
     batch, seqlen, _ = zxbcdt.shape
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
+    # The conv in fp32 rounded to x's dtype in both modes, as the kernels (and causal-conv1d) compute it.
     xBC = causal_conv1d_ref(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx,
-                            silu=activation is not None).transpose(1, 2)
+                            activation="silu" if activation is not None else None, upcast=True)[0].transpose(1, 2)
     x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
     x = x.unflatten(-1, (nheads, headdim))
     B, C = B.unflatten(-1, (ngroups, dstate)), C.unflatten(-1, (ngroups, dstate))

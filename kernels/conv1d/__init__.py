@@ -8,9 +8,11 @@ causal_conv1d_fwd, causal_conv1d_bwd, causal_conv1d_update; their tuning records
 """
 
 from mamba_tune.conv1d.causal_conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
+from mamba_tune.conv1d.update import causal_conv1d_update
 
 __all__ = [
     "causal_conv1d_fn",
+    "causal_conv1d_update",
     "conv1d_backward",
     "conv1d_forward",
 ]

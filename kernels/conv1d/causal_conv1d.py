@@ -40,6 +40,14 @@ import helion.language as hl
 import torch
 
 from mamba_tune import runtime, vocab
+from mamba_tune.conv1d.common import (
+    check_activation,
+    check_device,
+    check_float,
+    check_shape,
+    check_weight,
+    err,
+)
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -193,67 +201,23 @@ def causal_conv1d_bwd_kernel(
 
 # --- host launchers -------------------------------------------------------------------
 
-ACTIVATIONS = (None, "silu", "swish")
-WIDTHS = (2, 3, 4)
-
-
-def _err(message: str) -> ValueError:
-    return ValueError(f"causal_conv1d: {message}")
-
-
-def check_float(name: str, t: torch.Tensor) -> None:
-    if not vocab.is_float(t.dtype):
-        raise _err(f"{name} dtype {t.dtype} is not one of fp32, fp16, bf16")
-
-
-def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], letters: str) -> None:
-    if tuple(t.shape) != expected:
-        raise _err(f"{name} shape {tuple(t.shape)} != ({letters}) = {expected}")
-
-
-def check_device(device: torch.device, **tensors: torch.Tensor | None) -> None:
-    for name, t in tensors.items():
-        if t is not None and t.device != device:
-            raise _err(f"{name} is on {t.device}, x is on {device}")
-
-
-def check_weight(weight: torch.Tensor, dim: int, bias: torch.Tensor | None) -> int:
-    """Checks weight (dim, width) and bias (dim,); returns width."""
-    if weight.dim() != 2 or weight.shape[0] != dim:
-        raise _err(f"weight must be (dim, width) = ({dim}, width), got shape {tuple(weight.shape)}")
-    width = weight.shape[1]
-    if width not in WIDTHS:
-        raise _err(f"width {width} (weight shape {tuple(weight.shape)}) is not one of 2, 3, 4")
-    check_float("weight", weight)
-    if bias is not None:
-        check_shape("bias", bias, (dim,), "dim,")
-        check_float("bias", bias)
-    return width
-
-
-def check_activation(activation: str | None) -> bool:
-    if activation not in ACTIVATIONS:
-        raise _err(f"activation {activation!r} is not one of None, 'silu', 'swish'")
-    return activation is not None
-
-
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
            initial_states: torch.Tensor | None, final_states_out: torch.Tensor | None) -> tuple[int, int, int, int]:
     """The shape contract of the forward; returns (batch, dim, seqlen, width)."""
     if x.dim() != 3:
-        raise _err(f"x must be (batch, dim, seqlen), got shape {tuple(x.shape)}")
+        raise err(f"x must be (batch, dim, seqlen), got shape {tuple(x.shape)}")
     batch, dim, seqlen = x.shape
     if x.numel() == 0:
-        raise _err(f"empty x (batch, dim, seqlen) = {tuple(x.shape)}")
+        raise err(f"empty x (batch, dim, seqlen) = {tuple(x.shape)}")
     check_float("x", x)
     width = check_weight(weight, dim, bias)
     if seq_idx is not None:
         check_shape("seq_idx", seq_idx, (batch, seqlen), "batch, seqlen")
         if not vocab.is_index(seq_idx.dtype):
-            raise _err(f"seq_idx dtype {seq_idx.dtype} is not int32 or int64")
+            raise err(f"seq_idx dtype {seq_idx.dtype} is not int32 or int64")
         if initial_states is not None or final_states_out is not None:
             # causal-conv1d's rule: with packed sequences there is no one sequence to carry.
-            raise _err("seq_idx cannot be combined with initial_states or final states (as in causal-conv1d)")
+            raise err("seq_idx cannot be combined with initial_states or final states (as in causal-conv1d)")
     for name, t in (("initial_states", initial_states), ("final_states_out", final_states_out)):
         if t is not None:
             check_shape(name, t, (batch, dim, width - 1), "batch, dim, width - 1")
@@ -333,21 +297,24 @@ def conv1d_backward(
     """
     batch, dim, seqlen, width = _check(x, weight, bias, seq_idx, initial_states, None)
     if tuple(dout.shape) != tuple(x.shape):
-        raise _err(f"dout shape {tuple(dout.shape)} != x shape {tuple(x.shape)}")
+        raise err(f"dout shape {tuple(dout.shape)} != x shape {tuple(x.shape)}")
     check_float("dout", dout)
     if dfinal_states is not None:
         if seq_idx is not None:
-            raise _err("seq_idx cannot be combined with dfinal_states (as in causal-conv1d)")
+            raise err("seq_idx cannot be combined with dfinal_states (as in causal-conv1d)")
         check_shape("dfinal_states", dfinal_states, (batch, dim, width - 1), "batch, dim, width - 1")
         check_float("dfinal_states", dfinal_states)
     if return_dinitial_states and initial_states is None:
-        raise _err("return_dinitial_states needs initial_states")
+        raise err("return_dinitial_states needs initial_states")
     if dx is not None:
         check_shape("dx", dx, (batch, dim, seqlen), "batch, dim, seqlen")
         if dx.dtype != x.dtype:
-            raise _err(f"dx dtype {dx.dtype} != x dtype {x.dtype}")
+            raise err(f"dx dtype {dx.dtype} != x dtype {x.dtype}")
         if dx.stride(2) != 1 and dx.stride(1) != 1:
-            raise _err(f"dx strides {dx.stride()} have no unit-stride seqlen or dim axis")
+            raise err(f"dx strides {dx.stride()} have no unit-stride seqlen or dim axis")
+        if dx.data_ptr() == dout.data_ptr():
+            # Each program reads dout width - 1 positions ahead of the dx it writes.
+            raise err("dx must not be dout's memory (the backward reads dout around each dx it writes)")
     check_device(x.device, dout=dout, dfinal_states=dfinal_states, dx=dx)
     x = _strided(x)
     dout = _strided(dout)

@@ -24,8 +24,7 @@ import torch
 from layer_inputs import Layer
 
 import mamba_tune
-from autotune_cli.reference import split_conv1d_scan_ref
-from autotune_cli.reference.layer import causal_conv1d_ref
+from autotune_cli.reference import causal_conv1d_ref, split_conv1d_scan_ref
 from mamba_tune.layer.split_conv1d_scan import split_conv1d_scan_backward, split_conv1d_scan_forward
 
 pytestmark = pytest.mark.usefixtures("layer_ref_mode")
@@ -211,7 +210,7 @@ def mamba_ssm_ref(monkeypatch: pytest.MonkeyPatch) -> Any:
     layernorm_gated = importlib.import_module("mamba_ssm.ops.triton.layernorm_gated")
 
     def conv(x, weight, bias=None, activation=None):
-        return causal_conv1d_ref(x, weight, bias, silu=activation in ("silu", "swish"))
+        return causal_conv1d_ref(x, weight, bias, activation=activation)[0]
 
     monkeypatch.setattr(ssd_combined, "causal_conv1d_fn", conv)
     monkeypatch.setattr(ssd_combined, "rmsnorm_fn", layernorm_gated.rms_norm_ref)
