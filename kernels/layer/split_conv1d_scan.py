@@ -19,13 +19,14 @@ transient buffers are freed stage by stage.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NoReturn
 
 import helion
 import torch
 import torch.nn.functional as F
 
 from mamba_tune import vocab
+from mamba_tune.conv1d import conv1d_backward, conv1d_forward
 from mamba_tune.norm import gated
 from mamba_tune.ssd.combined import ssd_backward, ssd_forward, ssd_recompute_forward
 
@@ -56,7 +57,7 @@ class _Dims:
         return [2 * self.d_mlp, self.dim, self.conv_dim, self.nheads]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise ValueError(f"mamba_split_conv1d_scan_combined: {message}")
 
 
@@ -81,7 +82,6 @@ def _dims(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: torch.
         headdim = D.shape[1]
     else:
         _fail(f"D must be (nheads,) or (nheads, headdim), got shape {tuple(D.shape)}")
-    assert headdim is not None
     if headdim <= 0 or nheads <= 0:
         _fail(f"nheads={nheads} and headdim={headdim} must be positive")
     if ngroups <= 0 or nheads % ngroups:
@@ -137,8 +137,6 @@ def _swiglu_bwd(zx0: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
 def _conv(xBC: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: torch.Tensor | None,
           seq_idx: torch.Tensor | None, silu: bool) -> torch.Tensor:
     """The causal depthwise conv1d of xBC (batch, seqlen, conv_dim), as (batch, seqlen, conv_dim)."""
-    from mamba_tune.conv1d import conv1d_forward
-
     # xBC is a column slice of zxbcdt: as (batch, conv_dim, seqlen) it is channel-last.
     return conv1d_forward(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx, None, None, silu).transpose(1, 2)
 
@@ -249,8 +247,6 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
               seq_idx: torch.Tensor | None, rmsnorm_weight: torch.Tensor | None,
               outproj_weight: torch.Tensor | None, outproj_bias: torch.Tensor | None,
               autocast: torch.dtype | None) -> dict[str, torch.Tensor | None]:
-    from mamba_tune.conv1d import conv1d_backward
-
     b, s = dims.batch, dims.seqlen
     out_dim = dims.d_mlp + dims.dim if outproj_weight is None else outproj_weight.shape[0]
     if tuple(dout.shape) != (b, s, out_dim):
