@@ -283,3 +283,24 @@ def test_the_ssd_intermediates_handed_to_the_backward_are_the_ones_it_recomputes
     assert alone.keys() == handed.keys()
     for name, t in alone.items():
         assert t is not None and torch.equal(t, handed[name]), name
+
+
+def test_gradients_through_final_states_alone():
+    """A loss on final_states only: the backward gets no output gradient (zeros stand in)."""
+    layer, _ = _layer({"initial_states": True, "seq_idx": True, "activation": "swish"}, torch.float32)
+    _, dfinal = _out_grads(layer, True)
+    assert dfinal is not None
+
+    def final_only(fn: Any, lay: Layer) -> dict[str, torch.Tensor]:
+        leaves = lay.leaves()
+        args, kw = lay.call_args(leaves)
+        _, final = fn(*args, **kw)
+        got = torch.autograd.grad(final, list(leaves.values()), dfinal, allow_unused=True)
+        return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), got, strict=True)}
+
+    got = final_only(ours, layer)
+    ref = final_only(functools.partial(split_conv1d_scan_ref, upcast=True), layer)
+    assert got["zxbcdt"].abs().max() > 0
+    for name in got:
+        err = (got[name] - ref[name]).abs().max().item()
+        assert err <= 2e-5 * max(1.0, ref[name].abs().max().item()), f"{name}: max error {err:.3e}"
