@@ -291,8 +291,11 @@ def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # Half the forward's tiles (the backward holds more at once), 512-2048 positions per program.
+    tiles = [(bd, max(1, bl // 2), w) for bd, bl, w in _tiles(dims)]
     return _unique([conv.CAUSAL_CONV1D_BWD.default_config(dims)]
-                   + [conv.bwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
+                   + [conv.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
+                      in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
 def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:

@@ -20,8 +20,9 @@ config. The output has x's layout.
 The backward recomputes `pre` (SiLU's derivative needs it) at the width positions whose
 gradients reach x[t] (dx[t] = sum_j weight[width - 1 - j] * dpre[t + j]): every tap is a
 masked, shifted load of x (L1/L2 hits, no shuffles across registers). dweight and dbias
-come out as one fp32 partial per (batch, seqlen block) that the kernel's host code sums
-in a fixed order (no atomics: the same bits on every run). With dinitial_states the
+come out as one fp32 partial per (batch row, chunk of positions) - a program walks its
+chunk in steps and keeps the sums in registers - that the kernel's host code sums in a
+fixed order (no atomics: the same bits on every run). With dinitial_states the
 backward's loop starts width - 1 positions before the sequence: those positions' "dx"
 is dinitial_states.
 
@@ -109,24 +110,46 @@ def causal_conv1d_bwd_kernel(
     if dinitial_states is not None:
         off = width - 1
     npos = seqlen + off
+    # Positions per program (one fp32 dweight/dbias partial each), walked in blocks of block_l.
+    chunk = hl.register_block_size(npos)
     block_l = hl.register_block_size(npos)
-    nblk = (npos + block_l - 1) // block_l
-    dw_part = torch.empty([width, batch, nblk, dim], dtype=torch.float32, device=x.device)
-    db_part = torch.empty([batch, nblk, dim], dtype=torch.float32, device=x.device)
-    for tile_b, tile_d, tile_l in hl.tile([batch, dim, npos], block_size=[1, None, block_l]):
+    nchunk = (npos + chunk - 1) // chunk
+    dw_part = torch.empty([width, batch, nchunk, dim], dtype=torch.float32, device=x.device)
+    db_part = torch.empty([batch, nchunk, dim], dtype=torch.float32, device=x.device)
+    for tile_b, tile_d, tile_c in hl.tile([batch, dim, npos], block_size=[1, None, chunk]):
         b = tile_b.begin
-        t = tile_l.index - off
-        if seq_idx is not None:
-            s_t = hl.load(seq_idx, [b, t], extra_mask=t >= 0)
-        # j = 0: dpre at t itself, which also gives dweight and dbias.
-        ok = (t >= 0) & (t < seqlen)
-        if seq_idx is not None:
-            ok = ok & (s_t >= 0)
-        g = hl.load(dout, [b, tile_d, t], extra_mask=ok[None, :]).to(torch.float32)
-        if silu:
-            pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
-            if bias is not None:
-                pre = pre + bias[tile_d].to(torch.float32)[:, None]
+        # dweight[:, k] (width <= 4 named accumulators: Helion keeps no lists across loops) and dbias.
+        acc0 = hl.zeros([tile_d], dtype=torch.float32)
+        acc1 = hl.zeros([tile_d], dtype=torch.float32)
+        acc2 = hl.zeros([tile_d], dtype=torch.float32)
+        acc3 = hl.zeros([tile_d], dtype=torch.float32)
+        accb = hl.zeros([tile_d], dtype=torch.float32)
+        for tile_l in hl.tile(tile_c.begin, tile_c.end, block_size=block_l):
+            t = tile_l.index - off
+            if seq_idx is not None:
+                s_t = hl.load(seq_idx, [b, t], extra_mask=t >= 0)
+            # j = 0: dpre at t itself, which also gives dweight and dbias.
+            ok = (t >= 0) & (t < seqlen)
+            if seq_idx is not None:
+                ok = ok & (s_t >= 0)
+            g = hl.load(dout, [b, tile_d, t], extra_mask=ok[None, :]).to(torch.float32)
+            if silu:
+                pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
+                if bias is not None:
+                    pre = pre + bias[tile_d].to(torch.float32)[:, None]
+                for k in hl.static_range(width):
+                    p = t - (width - 1 - k)
+                    xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
+                    if initial_states is not None:
+                        xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
+                                          extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
+                    if seq_idx is not None:
+                        s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
+                        xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
+                    pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
+                sg = torch.sigmoid(pre)
+                g = g * sg * (1.0 + pre * (1.0 - sg))
+            g = torch.where(ok[None, :], g, 0.0)
             for k in hl.static_range(width):
                 p = t - (width - 1 - k)
                 xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
@@ -136,59 +159,62 @@ def causal_conv1d_bwd_kernel(
                 if seq_idx is not None:
                     s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
                     xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
-                pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
-            sg = torch.sigmoid(pre)
-            g = g * sg * (1.0 + pre * (1.0 - sg))
-        g = torch.where(ok[None, :], g, 0.0)
-        for k in hl.static_range(width):
-            p = t - (width - 1 - k)
-            xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
-            if initial_states is not None:
-                xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                  extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
-            if seq_idx is not None:
-                s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
-                xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
-            dw_part[k, b, tile_l.id, tile_d] = torch.sum(g * xv, dim=1)
+                prod = torch.sum(g * xv, dim=1)
+                if k == 0:
+                    acc0 = acc0 + prod
+                if k == 1:
+                    acc1 = acc1 + prod
+                if k == 2:
+                    acc2 = acc2 + prod
+                if k == 3:
+                    acc3 = acc3 + prod
+            if bias is not None:
+                accb = accb + torch.sum(g, dim=1)
+            dv = weight[tile_d, width - 1].to(torch.float32)[:, None] * g
+            # j = 1 .. width - 1: dpre at t + j reaches x[t] through weight[width - 1 - j].
+            for j in hl.static_range(1, width):
+                q = t + j
+                okq = (q >= 0) & (q < seqlen)
+                if seq_idx is not None:
+                    s_q = hl.load(seq_idx, [b, q], extra_mask=okq)
+                    okq = okq & (s_q >= 0) & (s_q == s_t) & (t >= 0)
+                gq = hl.load(dout, [b, tile_d, q], extra_mask=okq[None, :]).to(torch.float32)
+                if silu:
+                    pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
+                    if bias is not None:
+                        pre = pre + bias[tile_d].to(torch.float32)[:, None]
+                    for k in hl.static_range(width):
+                        p = q - (width - 1 - k)
+                        xv = hl.load(x, [b, tile_d, p],
+                                     extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
+                        if initial_states is not None:
+                            xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
+                                              extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
+                        if seq_idx is not None:
+                            s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
+                            xv = torch.where(((p >= 0) & (s_p == s_q))[None, :], xv, 0.0)
+                        pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
+                    sg = torch.sigmoid(pre)
+                    gq = gq * sg * (1.0 + pre * (1.0 - sg))
+                gq = torch.where(okq[None, :], gq, 0.0)
+                dv = dv + weight[tile_d, width - 1 - j].to(torch.float32)[:, None] * gq
+            if dfinal_states is not None:
+                # final_states[f] is position seqlen - (width - 1) + f of cat(initial_states, x).
+                f = t - (seqlen - (width - 1))
+                dv = dv + hl.load(dfinal_states, [b, tile_d, f],
+                                  extra_mask=((f >= 0) & (t < seqlen))[None, :]).to(torch.float32)
+            hl.store(dx, [b, tile_d, t], dv.to(dx.dtype), extra_mask=(t >= 0)[None, :])
+            if dinitial_states is not None:
+                hl.store(dinitial_states, [b, tile_d, t + (width - 1)], dv.to(dinitial_states.dtype),
+                         extra_mask=(t < 0)[None, :])
+        dw_part[0, b, tile_c.id, tile_d] = acc0
+        dw_part[1, b, tile_c.id, tile_d] = acc1
+        if width > 2:
+            dw_part[2, b, tile_c.id, tile_d] = acc2
+        if width > 3:
+            dw_part[3, b, tile_c.id, tile_d] = acc3
         if bias is not None:
-            db_part[b, tile_l.id, tile_d] = torch.sum(g, dim=1)
-        dv = weight[tile_d, width - 1].to(torch.float32)[:, None] * g
-        # j = 1 .. width - 1: dpre at t + j reaches x[t] through weight[width - 1 - j].
-        for j in hl.static_range(1, width):
-            q = t + j
-            okq = (q >= 0) & (q < seqlen)
-            if seq_idx is not None:
-                s_q = hl.load(seq_idx, [b, q], extra_mask=okq)
-                okq = okq & (s_q >= 0) & (s_q == s_t) & (t >= 0)
-            gq = hl.load(dout, [b, tile_d, q], extra_mask=okq[None, :]).to(torch.float32)
-            if silu:
-                pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
-                if bias is not None:
-                    pre = pre + bias[tile_d].to(torch.float32)[:, None]
-                for k in hl.static_range(width):
-                    p = q - (width - 1 - k)
-                    xv = hl.load(x, [b, tile_d, p],
-                                 extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
-                    if initial_states is not None:
-                        xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                          extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
-                    if seq_idx is not None:
-                        s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
-                        xv = torch.where(((p >= 0) & (s_p == s_q))[None, :], xv, 0.0)
-                    pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
-                sg = torch.sigmoid(pre)
-                gq = gq * sg * (1.0 + pre * (1.0 - sg))
-            gq = torch.where(okq[None, :], gq, 0.0)
-            dv = dv + weight[tile_d, width - 1 - j].to(torch.float32)[:, None] * gq
-        if dfinal_states is not None:
-            # final_states[f] is position seqlen - (width - 1) + f of cat(initial_states, x).
-            f = t - (seqlen - (width - 1))
-            dv = dv + hl.load(dfinal_states, [b, tile_d, f],
-                              extra_mask=((f >= 0) & (t < seqlen))[None, :]).to(torch.float32)
-        hl.store(dx, [b, tile_d, t], dv.to(dx.dtype), extra_mask=(t >= 0)[None, :])
-        if dinitial_states is not None:
-            hl.store(dinitial_states, [b, tile_d, t + (width - 1)], dv.to(dinitial_states.dtype),
-                     extra_mask=(t < 0)[None, :])
+            db_part[b, tile_c.id, tile_d] = accb
     # Sum the partials in a fixed order (a plain torch reduction in the generated host code,
     # no atomics): the same bits on every run, and outputs whose shapes do not depend on
     # the config (Helion's autotuner compares outputs across configs).
@@ -445,10 +471,11 @@ def fwd_config(dims: dict[str, int], bd: int, bl: int, num_warps: int = 4) -> di
     return {"block_sizes": [bd, bl], "num_warps": num_warps, "num_stages": 1}
 
 
-def bwd_config(dims: dict[str, int], bd: int, bl: int, num_warps: int = 4) -> dict[str, Any]:
-    """The backward's config for a tile; its block_sizes are [positions, channels] (the
-    positions' block is registered first: it sizes the dweight partials)."""
-    return {"block_sizes": [bl, bd], "num_warps": num_warps, "num_stages": 1}
+def bwd_config(dims: dict[str, int], bd: int, bl: int, num_warps: int = 4, chunk: int = 1024) -> dict[str, Any]:
+    """The backward's config for a tile walking `chunk` positions per program (one dweight
+    partial each); its block_sizes are [positions per program, positions per step, channels]."""
+    chunk = max(bl, _pow2_at_most(dims["seqlen"], chunk))
+    return {"block_sizes": [chunk, bl, bd], "num_warps": num_warps, "num_stages": 1}
 
 
 def _fwd_default(dims: dict[str, int]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """conv1d test set-up: Helion ref mode for the conv1d kernels on CPU tensors, with small blocks.
 
 `conv_ref_mode` switches the conv1d kernels' settings to ref mode for one test and back
-(whatever HELION_INTERPRET said when they were created), and makes every
-`hl.register_block_size` give 4 (at most its range) instead of ref mode's one tile per
-loop: the backward then writes several dweight/dbias partials per row, with a partial
-last block, and the tests see the fixed-order reduction and the masks at block edges.
+(whatever HELION_INTERPRET said when they were created), and replaces ref mode's one
+tile per loop with small blocks: the backward registers two block sizes per call, its
+positions per program, then its step; they get 8 and 3 (at most the range), so each
+program walks several steps with a partial last one, several dweight/dbias partials per
+row are summed, and the tests see the masks at block edges. (Only the backward registers
+block sizes, so the calls alternate.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from helion.runtime.ref_mode import RefMode
 from mamba_tune import runtime
 from mamba_tune.conv1d import causal_conv1d, update
 
-SMALL_BLOCK = 4
+SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
 
 
 def _conv_kernels() -> list[Any]:
@@ -27,10 +29,16 @@ def _conv_kernels() -> list[Any]:
             update.causal_conv1d_update_kernel]
 
 
-def _small_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
-    # register_block_size(max) or register_block_size(min, max).
-    lo, hi = (1, min_or_max) if max_or_none is None else (min_or_max, max_or_none)
-    return max(lo, min(SMALL_BLOCK, hi))
+class _SmallBlocks:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, min_or_max: int, max_or_none: int | None = None, /) -> int:
+        # register_block_size(max) or register_block_size(min, max).
+        lo, hi = (1, min_or_max) if max_or_none is None else (min_or_max, max_or_none)
+        size = SMALL_BLOCKS[self.calls % len(SMALL_BLOCKS)]
+        self.calls += 1
+        return max(lo, min(size, hi))
 
 
 @pytest.fixture
@@ -38,7 +46,7 @@ def conv_ref_mode() -> Iterator[None]:
     kernels = _conv_kernels()
     saved = [k.settings.ref_mode for k in kernels]
     saved_block_ref = hl.register_block_size._ref_fn
-    hl.register_block_size._ref_fn = _small_block
+    hl.register_block_size._ref_fn = _SmallBlocks()
     for k in kernels:
         k.settings.ref_mode = RefMode.EAGER
         k.reset()
