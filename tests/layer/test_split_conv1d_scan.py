@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import sys
 import types
 from typing import Any
@@ -306,3 +307,23 @@ def test_gradients_through_final_states_alone():
     for name in got:
         err = (got[name] - ref[name]).abs().max().item()
         assert err <= 2e-5 * max(1.0, ref[name].abs().max().item()), f"{name}: max error {err:.3e}"
+
+
+@pytest.mark.parametrize("options", [pytest.param({}, id="norm-out_proj"), pytest.param({"rmsnorm": False},
+                                                                                         id="no-norm-out_proj")])
+def test_one_training_step_launches_each_forward_kernel_twice_and_each_backward_once(tmp_path, options):
+    """The forward, then the backward's recompute (conv, SSD F1-F5, norm) handing the SSD's
+    F1-F4 to its backward: no third recompute. (Counted by the runtime's call record.)"""
+    layer, _ = _layer(options, torch.float32)
+    dout, _ = _out_grads(layer, False)
+    path = tmp_path / "calls.json"
+    with mamba_tune.record_calls(path):
+        _run(ours, layer, dout, None)
+    calls = {v["kernel"]: v["calls"] for v in json.loads(path.read_text())["calls"].values()}
+    forward = ["causal_conv1d_fwd", "ssd_chunk_cumsum", "ssd_chunk_state_passing", "ssd_bmm", "ssd_chunk_scan"]
+    backward = ["causal_conv1d_bwd", "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
+                "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd"]
+    if "rmsnorm" not in options:
+        forward.append("gated_norm_fwd")
+        backward.append("gated_norm_bwd")
+    assert calls == {**dict.fromkeys(forward, 2), **dict.fromkeys(backward, 1)}
