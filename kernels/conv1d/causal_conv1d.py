@@ -18,8 +18,9 @@ so neither layout is copied; `channel_last` is a key dim, each layout has its ow
 config. The output has x's layout.
 
 The backward recomputes `pre` (SiLU's derivative needs it) at the width positions whose
-gradients reach x[t] (dx[t] = sum_j weight[width - 1 - j] * dpre[t + j]): every tap is a
-masked, shifted load of x (L1/L2 hits, no shuffles across registers). dweight and dbias
+gradients reach x[t] (dx[t] = sum_j weight[width - 1 - j] * dpre[t + j]) from the
+2 * width - 1 shifted, masked loads of x around each step's tile (L1/L2 hits; Triton has
+no shuffles across a tile's registers). dweight and dbias
 come out as one fp32 partial per (batch row, chunk of positions) - a program walks its
 chunk in steps and keeps the sums in registers - that the kernel's host code sums in a
 fixed order (no atomics: the same bits on every run). With dinitial_states the
@@ -133,23 +134,9 @@ def causal_conv1d_bwd_kernel(
             if seq_idx is not None:
                 ok = ok & (s_t >= 0)
             g = hl.load(dout, [b, tile_d, t], extra_mask=ok[None, :]).to(torch.float32)
-            if silu:
-                pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
-                if bias is not None:
-                    pre = pre + bias[tile_d].to(torch.float32)[:, None]
-                for k in hl.static_range(width):
-                    p = t - (width - 1 - k)
-                    xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
-                    if initial_states is not None:
-                        xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                          extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
-                    if seq_idx is not None:
-                        s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
-                        xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
-                    pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
-                sg = torch.sigmoid(pre)
-                g = g * sg * (1.0 + pre * (1.0 - sg))
-            g = torch.where(ok[None, :], g, 0.0)
+            # The taps of t: pre's recompute and dweight's terms (loaded once, kept in a list
+            # that Helion unrolls: width <= 4 entries).
+            taps = [g, g, g, g]
             for k in hl.static_range(width):
                 p = t - (width - 1 - k)
                 xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
@@ -159,7 +146,18 @@ def causal_conv1d_bwd_kernel(
                 if seq_idx is not None:
                     s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
                     xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
-                prod = torch.sum(g * xv, dim=1)
+                taps[k] = xv
+            if silu:
+                pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
+                if bias is not None:
+                    pre = pre + bias[tile_d].to(torch.float32)[:, None]
+                for k in hl.static_range(width):
+                    pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * taps[k]
+                sg = torch.sigmoid(pre)
+                g = g * sg * (1.0 + pre * (1.0 - sg))
+            g = torch.where(ok[None, :], g, 0.0)
+            for k in hl.static_range(width):
+                prod = torch.sum(g * taps[k], dim=1)
                 if k == 0:
                     acc0 = acc0 + prod
                 if k == 1:
@@ -171,6 +169,19 @@ def causal_conv1d_bwd_kernel(
             if bias is not None:
                 accb = accb + torch.sum(g, dim=1)
             dv = weight[tile_d, width - 1].to(torch.float32)[:, None] * g
+            if silu:
+                # x after t (pre at t + j needs them): ahead[a] = x[t + a], a = 1 .. width - 1.
+                ahead = [g, g, g, g]
+                for a in hl.static_range(1, width):
+                    p = t + a
+                    xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
+                    if initial_states is not None:
+                        xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
+                                          extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
+                    if seq_idx is not None:
+                        s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
+                        xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
+                    ahead[a] = xv
             # j = 1 .. width - 1: dpre at t + j reaches x[t] through weight[width - 1 - j].
             for j in hl.static_range(1, width):
                 q = t + j
@@ -180,20 +191,17 @@ def causal_conv1d_bwd_kernel(
                     okq = okq & (s_q >= 0) & (s_q == s_t) & (t >= 0)
                 gq = hl.load(dout, [b, tile_d, q], extra_mask=okq[None, :]).to(torch.float32)
                 if silu:
+                    # pre at q from the taps already loaded (masked to t's sequence: where q's
+                    # differs, okq drops the term).
                     pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
                     if bias is not None:
                         pre = pre + bias[tile_d].to(torch.float32)[:, None]
                     for k in hl.static_range(width):
-                        p = q - (width - 1 - k)
-                        xv = hl.load(x, [b, tile_d, p],
-                                     extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
-                        if initial_states is not None:
-                            xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                              extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
-                        if seq_idx is not None:
-                            s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
-                            xv = torch.where(((p >= 0) & (s_p == s_q))[None, :], xv, 0.0)
-                        pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * xv
+                        wk = weight[tile_d, k].to(torch.float32)[:, None]
+                        if j + k <= width - 1:
+                            pre = pre + wk * taps[j + k]
+                        else:
+                            pre = pre + wk * ahead[j + k - (width - 1)]
                     sg = torch.sigmoid(pre)
                     gq = gq * sg * (1.0 + pre * (1.0 - sg))
                 gq = torch.where(okq[None, :], gq, 0.0)
