@@ -135,6 +135,41 @@ def decode_dims(shape: ModelShape) -> dict[str, int]:
             "has_state_batch_indices": 0, "fp32_state": 0}
 
 
+# The causal conv1d over xBC (mamba_tune.conv1d): the Mamba-2 mixer's call.
+CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
+                   "channel_last")
+CONV1D_BWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states",
+                   "has_dinitial_states", "has_dfinal", "silu", "channel_last")
+CONV1D_UPDATE_DIMS = ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens",
+                      "has_state_indices")
+# d_conv of every model preset (autotune_cli.presets): the conv's width.
+D_CONV = 4
+
+
+def conv1d_fwd_dims(shape: ModelShape) -> dict[str, int]:
+    """The conv the Mamba-2 mixer runs (mamba_ssm.modules.mamba2, fused or not): over xBC,
+    dim = nheads * headdim + 2 * ngroups * dstate (per TP rank), width d_conv, with bias and
+    SiLU, channel-last (xBC (batch, seqlen, dim) rearranged), seq_idx for packed sequences,
+    no initial or final states."""
+    return {"batch": shape.batch, "seqlen": shape.seqlen, "dim": shape.nheads * shape.headdim
+            + 2 * shape.ngroups * shape.dstate, "width": D_CONV, "has_bias": 1, "has_seq_idx": int(shape.packed),
+            "has_initial_states": 0, "silu": 1, "channel_last": 1}
+
+
+def conv1d_bwd_dims(shape: ModelShape) -> dict[str, int]:
+    dims = conv1d_fwd_dims(shape)
+    return pick({**dims, "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_DIMS)
+
+
+def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
+    """The decode step of the same layer (mamba_ssm Mamba2.step): one new position of xBC per
+    row of the batch, the state (batch, dim, d_conv) that its inference cache allocates,
+    bias and SiLU, no circular buffer or state slots."""
+    dims = conv1d_fwd_dims(shape)
+    return {"batch": shape.batch, "dim": dims["dim"], "seqlen": 1, "width": D_CONV, "state_len": D_CONV,
+            "has_bias": 1, "silu": 1, "has_cache_seqlens": 0, "has_state_indices": 0}
+
+
 CHUNK_CUMSUM_DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
 CHUNK_STATE_DIMS = (*SSD_SHAPE_DIMS, "has_seq_idx")
 CHUNK_STATE_PASSING_DIMS = (*SSD_SHAPE_DIMS, "has_initial_states", "has_seq_idx")
@@ -152,6 +187,12 @@ SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate"
                                "dt_softplus", "tie_hdim", "has_state_batch_indices", "fp32_state")
 
 KEYS: tuple[KernelKey, ...] = (
+    KernelKey("causal_conv1d_fwd", "conv1d", CONV1D_FWD_DIMS, conv1d_fwd_dims,
+              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_fwd_kernel"),
+    KernelKey("causal_conv1d_bwd", "conv1d", CONV1D_BWD_DIMS, conv1d_bwd_dims,
+              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
+    KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,
+              "mamba_tune.conv1d.update:causal_conv1d_update_kernel"),
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),
     KernelKey("gated_norm_bwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_bwd_kernel"),
     KernelKey("ssd_chunk_cumsum", "ssd", CHUNK_CUMSUM_DIMS, _ssd(CHUNK_CUMSUM_DIMS),

@@ -28,6 +28,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mamba_tune.conv1d import causal_conv1d_fn, causal_conv1d_update
+    from mamba_tune.layer import mamba_split_conv1d_scan_combined
     from mamba_tune.norm import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
     from mamba_tune.patch import (
         MambaSsmNotInstalledError,
@@ -68,10 +70,13 @@ _WHERE = {
     "MambaSsmNotInstalledError": "mamba_tune.patch",
     "Mode": "mamba_tune.runtime",
     "RMSNormGated": "mamba_tune.norm",
+    "causal_conv1d_fn": "mamba_tune.conv1d",
+    "causal_conv1d_update": "mamba_tune.conv1d",
     "configure": "mamba_tune.runtime",
     "is_patched": "mamba_tune.patch",
     "layernorm_fn": "mamba_tune.norm",
     "mamba_chunk_scan_combined": "mamba_tune.ssd",
+    "mamba_split_conv1d_scan_combined": "mamba_tune.layer",
     "patch_mamba_ssm": "mamba_tune.patch",
     "patched_mamba_ssm": "mamba_tune.patch",
     "record_calls": "mamba_tune.record",
@@ -85,10 +90,13 @@ __all__ = [
     "MambaSsmNotInstalledError",
     "Mode",
     "RMSNormGated",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
     "configure",
     "is_patched",
     "layernorm_fn",
     "mamba_chunk_scan_combined",
+    "mamba_split_conv1d_scan_combined",
     "patch_mamba_ssm",
     "patched_mamba_ssm",
     "record_calls",
@@ -99,7 +107,7 @@ __all__ = [
 
 
 # Submodules that `import mamba_tune` used to load, still reachable as attributes.
-_SUBMODULES = ("bundle", "norm", "patch", "record", "runtime", "ssd", "vocab")
+_SUBMODULES = ("bundle", "layer", "norm", "patch", "record", "runtime", "ssd", "vocab")
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,10 @@
 
 `patch_mamba_ssm()` replaces, in mamba-ssm 2.3.2.post1's modules, the names its Mamba-2
 code calls: `mamba_chunk_scan_combined` (in `ops.triton.ssd_combined` and in every module
-that imported it by name: `modules.mamba2`, `modules.mamba2_simple`, `modules.ssd_minimal`)
-the gated norm (`rmsnorm_fn`, `layernorm_fn`, `RMSNorm`, `LayerNorm` of
+that imported it by name: `modules.mamba2`, `modules.mamba2_simple`, `modules.ssd_minimal`),
+`mamba_split_conv1d_scan_combined` (the fused layer of Mamba2's default
+`use_mem_eff_path=True`: in `ops.triton.ssd_combined`, `modules.mamba2`,
+`modules.mamba2_simple`) and the gated norm (`rmsnorm_fn`, `layernorm_fn`, `RMSNorm`, `LayerNorm` of
 `ops.triton.layernorm_gated`, `rmsnorm_fn` in `ssd_combined`, `RMSNormGated` in
 `modules.mamba2`, `mamba2_simple` and `mamba3`, `LayerNorm` in `mamba2_simple`), and the
 decoding step `selective_state_update` (in `ops.triton.selective_state_update` and where
@@ -13,10 +15,10 @@ Modules are looked up by name at call time, so code that imported the mamba-ssm 
 before the patch runs the kernels too. Norm modules built before the patch stay
 mamba-ssm's class, but their forward calls `layernorm_gated.rmsnorm_fn`, which is ours.
 
-Not provided yet, and never replaced silently: `mamba_split_conv1d_scan_combined` (Mamba2's
-default `use_mem_eff_path=True` training path). While patched it still runs mamba-ssm's
-kernel and warns once (`MambaTuneWarning`) naming itself; with `strict=True` it raises
-`NotImplementedError` instead.
+Every function mamba-ssm 2.3.2.post1's Mamba-2 modules call has a kernel here. A function
+listed in `NOT_PROVIDED` (none today; the place for one that a later mamba-ssm adds) is never
+replaced silently: while patched it runs mamba-ssm's kernel and warns once
+(`MambaTuneWarning`) naming itself; with `strict=True` it raises `NotImplementedError`.
 
 `unpatch_mamba_ssm()` puts back exactly the objects it replaced; both functions are
 idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import mamba_tune`.
@@ -36,6 +38,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mamba_tune.layer.split_conv1d_scan import mamba_split_conv1d_scan_combined
 from mamba_tune.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 from mamba_tune.runtime import MambaTuneWarning
 from mamba_tune.ssd.combined import mamba_chunk_scan_combined
@@ -67,6 +70,9 @@ _REPLACEMENTS: dict[tuple[str, str], Any] = {
     (_NORM, "LayerNorm"): LayerNormGated,
     (_SSD, "mamba_chunk_scan_combined"): mamba_chunk_scan_combined,
     (_SSD, "rmsnorm_fn"): rmsnorm_fn,
+    (_SSD, "mamba_split_conv1d_scan_combined"): mamba_split_conv1d_scan_combined,
+    (_MAMBA2, "mamba_split_conv1d_scan_combined"): mamba_split_conv1d_scan_combined,
+    ("mamba_ssm.modules.mamba2_simple", "mamba_split_conv1d_scan_combined"): mamba_split_conv1d_scan_combined,
     (_MAMBA2, "mamba_chunk_scan_combined"): mamba_chunk_scan_combined,
     (_MAMBA2, "RMSNormGated"): RMSNormGated,
     ("mamba_ssm.modules.mamba2_simple", "mamba_chunk_scan_combined"): mamba_chunk_scan_combined,
@@ -81,12 +87,7 @@ _REPLACEMENTS: dict[tuple[str, str], Any] = {
 
 # mamba-ssm functions with no kernel here yet: (module, attribute) -> who calls it, and
 # what runs the kernels instead.
-_MEM_EFF = ("the fused path of Mamba2 / Mamba2Simple with use_mem_eff_path=True, their default; "
-            "build them with use_mem_eff_path=False to run mamba-tune's kernels")
 NOT_PROVIDED: dict[tuple[str, str], str] = {
-    (_SSD, "mamba_split_conv1d_scan_combined"): _MEM_EFF,
-    (_MAMBA2, "mamba_split_conv1d_scan_combined"): _MEM_EFF,
-    ("mamba_ssm.modules.mamba2_simple", "mamba_split_conv1d_scan_combined"): _MEM_EFF,
 }
 
 
@@ -152,7 +153,7 @@ def patch_mamba_ssm(strict: bool = False) -> None:
     """Make mamba-ssm's modules run these kernels (see the module docstring for what is replaced).
 
     strict: raise NotImplementedError where mamba-ssm calls a function that has no kernel
-    here yet (`mamba_split_conv1d_scan_combined`) instead of running mamba-ssm's own with a
+    here (listed in NOT_PROVIDED; none today) instead of running mamba-ssm's own with a
     one-time warning. Calling it again only updates strict.
     Raises MambaSsmNotInstalledError (an ImportError) when mamba-ssm cannot be imported.
     """

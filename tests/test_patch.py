@@ -49,9 +49,20 @@ EXPECTED = {
     ("mamba_ssm.modules.ssd_minimal", "mamba_chunk_scan_combined"): mamba_tune.mamba_chunk_scan_combined,
     (STATE_UPDATE, "selective_state_update"): mamba_tune.selective_state_update,
     (MAMBA2, "selective_state_update"): mamba_tune.selective_state_update,
+    (SSD, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
+    (MAMBA2, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
+    (SIMPLE, "mamba_split_conv1d_scan_combined"): mamba_tune.mamba_split_conv1d_scan_combined,
 }
-NOT_PROVIDED = [(SSD, "mamba_split_conv1d_scan_combined"), (MAMBA2, "mamba_split_conv1d_scan_combined"),
-                (SIMPLE, "mamba_split_conv1d_scan_combined")]
+# Every function mamba-ssm 2.3.2.post1's Mamba-2 modules call has a kernel, so patch.NOT_PROVIDED
+# is empty. Its path (a shim that warns once and runs mamba-ssm's own; strict raises) is tested
+# on a real mamba-ssm function that no module calls, listed for each test by `_not_provided`.
+STAND_IN = (SSD, "mamba_chunk_scan")
+NOT_PROVIDED = [STAND_IN]
+
+
+@pytest.fixture(autouse=True)
+def _not_provided(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(patch.NOT_PROVIDED, STAND_IN, "a test's stand-in, called by no module")
 
 
 @pytest.fixture
@@ -134,10 +145,10 @@ def test_context_manager_restores_the_state_before_it(mamba_ssm):
 
 def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
     mamba_tune.patch_mamba_ssm()
-    shim = mamba_ssm[MAMBA2].mamba_split_conv1d_scan_combined
+    shim = mamba_ssm[SSD].mamba_chunk_scan
     # Called without arguments, mamba-ssm's own function raises TypeError: proof it ran.
-    with pytest.warns(MambaTuneWarning, match=r"no kernel for mamba_split_conv1d_scan_combined yet .*"
-                                              r"use_mem_eff_path=False"), pytest.raises(TypeError):
+    with pytest.warns(MambaTuneWarning, match=r"no kernel for mamba_chunk_scan yet .*stand-in"), \
+            pytest.raises(TypeError):
         shim()
     with pytest.raises(TypeError):  # warned once: an error here if it warned again
         import warnings
@@ -145,6 +156,20 @@ def test_not_provided_functions_warn_once_and_run_mamba_ssms_own(mamba_ssm):
         with warnings.catch_warnings():
             warnings.simplefilter("error", MambaTuneWarning)
             shim()
+
+
+def test_the_fused_layer_is_ours_and_warns_nothing(mamba_ssm):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MambaTuneWarning)
+        mamba_tune.patch_mamba_ssm(strict=True)
+        for mod in (SSD, MAMBA2, SIMPLE):
+            fn = mamba_ssm[mod].mamba_split_conv1d_scan_combined
+            assert fn is mamba_tune.mamba_split_conv1d_scan_combined and not hasattr(fn, "__wrapped__")
+            with pytest.raises(ValueError, match="mamba_split_conv1d_scan_combined: zxbcdt must be"):
+                fn(torch.zeros(4), torch.zeros(8, 4), None, torch.zeros(2), torch.zeros(2), torch.zeros(2), 16,
+                   headdim=2)
 
 
 def test_strict_refuses_what_is_not_provided(mamba_ssm):

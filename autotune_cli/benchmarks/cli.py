@@ -24,6 +24,7 @@ ConfigMode = enum.Enum("ConfigMode", {m: m for m in ("exact", "nearest", "defaul
 class Family(str, enum.Enum):
     norm = "norm"
     ssd = "ssd"
+    layer = "layer"
     all = "all"
 
 
@@ -41,8 +42,16 @@ def _shapes(models: list[str], tp: int, batch: int, seqlen: int) -> list[tuple[s
     return shapes
 
 
+def _layer_shapes(models: list[str], tps: list[int], batch: int, seqlen: int) -> list[tuple[str, Any]]:
+    """(label, LayerShape) for each tp and model, in `_shapes`' order (checked there)."""
+    from autotune_cli.benchmarks.layer import layer_shape
+
+    return [(name + (f" tp{t}" if t > 1 else ""), layer_shape(MODEL_PRESETS[name], t, batch, seqlen))
+            for t in tps for name in models]
+
+
 def bench_command(
-    family: Annotated[Family, typer.Option(metavar="norm|ssd|all", help="Which kernels to time.")] = Family.norm,
+    family: Annotated[Family, typer.Option(metavar="norm|ssd|layer|all", help="Which kernels to time (layer: one whole Mamba-2 layer, forward and backward, and its stages).")] = Family.norm,
     model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset).")] = None,
     tp: Annotated[list[int] | None, typer.Option(metavar="N", help="Tensor-parallel degree (repeatable; default 1).")] = None,
     batch: Annotated[int, typer.Option(metavar="N", help="Batch size.", min=1)] = 2,
@@ -52,17 +61,28 @@ def bench_command(
                                                   dir_okay=False)] = None,
     ssd_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE", 
         help="SSD rows to time (repeatable; default: all). E.g. total, total_wall, total_seq_idx, bmm.")] = None,
+    layer_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
+        help="Layer rows to time (repeatable; default: all). E.g. layer_fwd_bwd, layer_fwd, ssd_bwd.")] = None,
     config_mode: Annotated[ConfigMode | None, typer.Option(metavar="exact|nearest|default", 
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
-    from autotune_cli.benchmarks.common import SSD_STAGES
+    from autotune_cli.benchmarks.common import LAYER_STAGES, SSD_STAGES
 
     bad = sorted(set(ssd_stage or ()) - set(SSD_STAGES))
     if bad:
         fail(f"--ssd-stage {bad[0]!r}: unknown; known: {', '.join(SSD_STAGES)}")
-    if ssd_stage and family is Family.norm:
+    if ssd_stage and family not in (Family.ssd, Family.all):
         fail("--ssd-stage: only with --family ssd or all")
+    bad = sorted(set(layer_stage or ()) - set(LAYER_STAGES))
+    if bad:
+        fail(f"--layer-stage {bad[0]!r}: unknown; known: {', '.join(LAYER_STAGES)}")
+    if layer_stage and family not in (Family.layer, Family.all):
+        fail("--layer-stage: only with --family layer or all")
+    models = model or list(MODEL_PRESETS)
+    shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
+    layer_shapes = (_layer_shapes(models, tp or [1], batch, seqlen) if family in (Family.layer, Family.all)
+                    else [None] * len(shapes))
     import torch
 
     if not torch.cuda.is_available():
@@ -77,8 +97,6 @@ def bench_command(
                  "in the environment overrides it; unset one")
     from autotune_cli.environment import now
 
-    models = model or list(MODEL_PRESETS)
-    shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
     torch_dtype = to_torch_dtype(dtype.value)
     line = machine_line()
     copy = copy_gbps()
@@ -93,14 +111,21 @@ def bench_command(
             from autotune_cli.benchmarks.ssd import bench_ssd
         except ImportError as e:
             fail(f"the SSD benchmark is not available: {e}")
+    if family in (Family.layer, Family.all):
+        try:
+            from autotune_cli.benchmarks.layer import bench_layer
+        except ImportError as e:
+            fail(f"the layer benchmark is not available: {e}")
     t0 = time.monotonic()
     # One model shape at a time, with the JSON rewritten after each: a run stopped part way
     # (a device time limit) keeps what it measured, marked "complete": false.
-    for i, shape in enumerate(shapes, 1):
+    for i, (shape, lshape) in enumerate(zip(shapes, layer_shapes, strict=True), 1):
         if family in (Family.norm, Family.all):
             rows += bench_norm([shape], torch_dtype)
         if family in (Family.ssd, Family.all):
             rows += bench_ssd([shape], torch_dtype, 200, stages=ssd_stage or SSD_STAGES)
+        if family in (Family.layer, Family.all):
+            rows += bench_layer([lshape], torch_dtype, 200, stages=layer_stage or LAYER_STAGES)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)

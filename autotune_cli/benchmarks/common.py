@@ -16,6 +16,9 @@ SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passi
               "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph",
               "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
               "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
+# The rows `bench --family layer` can time (benchmarks/layer.py documents each).
+LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm",
+                "out_proj", "conv1d_bwd", "ssd_bwd", "norm_bwd")
 
 
 def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:

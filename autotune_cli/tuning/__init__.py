@@ -1,13 +1,13 @@
 """The tunable kernels: what the sweep tunes, listed explicitly by family.
 
-Each family's module (`norm.py`, `ssd/`) holds one `TunableKernel` per Helion kernel: the
+Each family's module (`norm.py`, `ssd/`, `conv1d.py`) holds one `TunableKernel` per Helion kernel: the
 kernel's runtime declaration (from `kernels/`) plus how to build inputs for a shape, check
 outputs against the fp32 reference, time a baseline and seed the search.
 """
 
 from __future__ import annotations
 
-from autotune_cli.tuning import norm, ssd
+from autotune_cli.tuning import conv1d, norm, ssd
 from autotune_cli.tuning.record import (
     Baseline,
     ModelShape,
@@ -16,7 +16,7 @@ from autotune_cli.tuning.record import (
     mamba_ssm_version,
 )
 
-KERNELS: tuple[TunableKernel, ...] = (*norm.KERNELS, *ssd.KERNELS)
+KERNELS: tuple[TunableKernel, ...] = (*norm.KERNELS, *ssd.KERNELS, *conv1d.KERNELS)
 
 
 def _by_name(kernels: tuple[TunableKernel, ...]) -> dict[str, TunableKernel]:

@@ -18,6 +18,7 @@ reduction has a fixed order (no atomics), so gradients are bitwise reproducible.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -142,6 +143,51 @@ def ssd_forward(
     return out, final_states
 
 
+@dataclasses.dataclass
+class SSDIntermediates:
+    """What the backward recomputes from the inputs: F1's dA_cumsum and dt~, the states entering
+    each chunk (F2 + F3, in x's dtype) and F4's C B^T."""
+
+    dA_cumsum: torch.Tensor
+    dt_out: torch.Tensor
+    prev_states: torch.Tensor
+    cb: torch.Tensor
+
+
+def _recompute(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bx: torch.Tensor, Cx: torch.Tensor,
+               chunk_size: int, dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
+               seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float]) -> SSDIntermediates:
+    dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+    prev_states, _ = chunk_state_passing._launch(Bx, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
+    cb = bmm._launch(Cx, Bx, chunk_size, seq_idx)
+    return SSDIntermediates(dA_cumsum, dt_out, prev_states, cb)
+
+
+def ssd_recompute_forward(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+) -> tuple[torch.Tensor, SSDIntermediates]:
+    """The forward's output (as `ssd_forward`'s, F1 -> F2 + F3 -> F4 -> F5) with the intermediates
+    that `ssd_backward` recomputes, for a backward that needs the SSD output too (the fused
+    layer's norm): handing them to `ssd_backward(intermediates=...)` skips its recompute."""
+    _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    Bx, Cx = B.to(x.dtype), C.to(x.dtype)
+    inter = _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
+    out = chunk_scan._launch(x, inter.cb, None, Cx, inter.dt_out, inter.dA_cumsum, inter.prev_states, D, z, seq_idx)
+    return out, inter
+
+
 def ssd_backward(
     dy: torch.Tensor,
     dfinal_states: torch.Tensor | None,
@@ -158,9 +204,11 @@ def ssd_backward(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+    intermediates: SSDIntermediates | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """Gradients of `ssd_forward`'s (out, final_states) for output gradients (dy, dfinal_states).
 
+    intermediates: `ssd_recompute_forward`'s for these same inputs (None: recomputed here).
     Returns {"x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"}: each in its
     input's dtype and shape, None where the input is None.
     """
@@ -169,9 +217,9 @@ def ssd_backward(
     dy = dy.to(x.dtype).contiguous()
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
     # Recompute the forward's intermediates (F1, F2 + F3, F4): nothing but inputs was saved.
-    dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    prev_states, _ = chunk_state_passing._launch(Bx, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
-    cb = bmm._launch(Cx, Bx, chunk_size, seq_idx)
+    inter = intermediates or _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus,
+                                        dt_limit)
+    dA_cumsum, dt_out, prev_states, cb = inter.dA_cumsum, inter.dt_out, inter.prev_states, inter.cb
     dstates, ddA_last, dinit = chunk_state_passing_bwd._launch(dy, z, Cx, dA_cumsum, prev_states, dfinal_states,
                                                                seq_idx)
     dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,

@@ -1,0 +1,334 @@
+"""Tuning records of the causal conv1d (`kernels/conv1d/`): inputs, the fp32 check, baselines, seeds.
+
+The Mamba-2 layer runs the conv over xBC (dim = d_inner + 2 * ngroups * dstate, width =
+d_conv) in the channel-last layout, with bias and SiLU, and with seq_idx for packed
+sequences (`autotune_cli.kernel_keys.conv1d_fwd_dims`); its decode step takes one
+position per row with a (batch, dim, d_conv) state (`conv1d_update_dims`). The baseline is the causal-conv1d
+package where it is importable (a CUDA extension many installs lack), else eager torch
+(`F.conv1d`, and autograd through it for the backward); the baseline's name says which.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import torch
+
+from autotune_cli.kernel_keys import conv1d_bwd_dims, conv1d_fwd_dims, conv1d_update_dims
+from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
+from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from mamba_tune.conv1d import causal_conv1d as conv
+from mamba_tune.conv1d import update
+
+
+def _fwd_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_fwd_dims(shape)
+
+
+def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_bwd_dims(shape)
+
+
+def _update_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_update_dims(shape)
+
+
+class ConvInputs:
+    """Seeded inputs of one conv problem (missing flags: off), in the layout the dims name."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        batch, seqlen, dim, width = dims["batch"], dims["seqlen"], dims["dim"], dims["width"]
+
+        def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+        def seq(*shape: int) -> torch.Tensor:  # (batch, dim, seqlen) in the dims' layout
+            if dims.get("channel_last", 0):
+                return rand(shape[0], shape[2], shape[1]).transpose(1, 2)
+            return rand(*shape)
+
+        self.width = width
+        self.silu = bool(dims.get("silu", 0))
+        self.x = seq(batch, dim, seqlen)
+        # Mamba-2's conv init: uniform with bound 1/sqrt(width); here Gaussian of that scale.
+        self.weight = rand(dim, width, scale=width ** -0.5)
+        self.bias = rand(dim, scale=0.1) if dims.get("has_bias", 0) else None
+        self.seq_idx = None
+        if dims.get("has_seq_idx", 0):
+            # Three packed sequences per row at random boundaries.
+            cuts = torch.sort(torch.randint(1, max(2, seqlen), (batch, 2), generator=gen), dim=1).values
+            pos = torch.arange(seqlen)
+            self.seq_idx = ((pos >= cuts[:, :1]).int() + (pos >= cuts[:, 1:]).int()).to(torch.int32).to(device)
+        self.initial_states = rand(batch, dim, width - 1) if dims.get("has_initial_states", 0) else None
+        self.dout = seq(batch, dim, seqlen)
+        self.dfinal = rand(batch, dim, width - 1) if dims.get("has_dfinal", 0) else None
+        self.want_dinit = bool(dims.get("has_dinitial_states", 0)) and self.initial_states is not None
+
+    def ref(self, upcast: bool) -> dict[str, torch.Tensor]:
+        out, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states,
+                                        "silu" if self.silu else None, upcast=upcast)
+        return {"out": out.float()}
+
+    def grads(self, upcast: bool) -> dict[str, torch.Tensor]:
+        """Gradients of the reference (fp32, or eager torch in the inputs' dtype)."""
+        leaves = {"dx": self.x, "dweight": self.weight}
+        if self.bias is not None:
+            leaves["dbias"] = self.bias
+        if self.want_dinit:
+            leaves["dinitial_states"] = self.initial_states
+        cast = (lambda t: t.float()) if upcast else (lambda t: t)
+        req = {k: cast(v).detach().requires_grad_() for k, v in leaves.items()}
+        init = req.get("dinitial_states", None if self.initial_states is None else cast(self.initial_states))
+        with torch.enable_grad():
+            out, final = causal_conv1d_ref(req["dx"], req["dweight"], req.get("dbias"), self.seq_idx, init,
+                                           "silu" if self.silu else None, upcast=upcast)
+            outs, grads_out = [out], [cast(self.dout).to(out.dtype)]
+            if self.dfinal is not None:
+                outs.append(final)
+                grads_out.append(cast(self.dfinal).to(final.dtype))
+            grads = torch.autograd.grad(outs, list(req.values()), grads_out)
+        return {k: g.float() for k, g in zip(req, grads, strict=True)}
+
+
+def _bytes(inp: ConvInputs, n_seq: int) -> int:
+    """Bytes of n_seq (batch, dim, seqlen) tensors, plus seq_idx."""
+    x = inp.x
+    return n_seq * x.numel() * x.element_size() + (0 if inp.seq_idx is None else inp.seq_idx.numel() * 4)
+
+
+def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = ConvInputs(dims, dtype, device, seed)
+    out = conv._like(inp.x)
+    args = (inp.x, inp.weight, inp.bias, inp.seq_idx, inp.initial_states, out, inp.width, inp.silu)
+    return Problem(
+        args=args,
+        reference=lambda: inp.ref(upcast=True),
+        lowp_reference=lambda: inp.ref(upcast=False),
+        outputs=lambda res: {"out": res.float()},
+        bytes_moved=_bytes(inp, 2),
+        flops=2 * inp.x.numel() * inp.width,
+    )
+
+
+def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = ConvInputs(dims, dtype, device, seed)
+    dx = conv._like(inp.x)
+    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
+    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit, inp.width,
+            inp.silu)
+
+    def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        got = {"dx": res[0].float(), "dweight": res[1].t().float()}
+        if inp.bias is not None:
+            got["dbias"] = res[2].float()
+        if dinit is not None:
+            got["dinitial_states"] = dinit.float()
+        return got
+
+    return Problem(
+        args=args,
+        reference=lambda: inp.grads(upcast=True),
+        lowp_reference=lambda: inp.grads(upcast=False),
+        outputs=outputs,
+        bytes_moved=_bytes(inp, 3),
+        flops=(6 if inp.silu else 4) * inp.x.numel() * inp.width,
+    )
+
+
+class UpdateInputs:
+    """Seeded inputs of one decode step: states in more slots than rows with state indices,
+    cache_seqlens at random offsets (the circular buffer wraps)."""
+
+    def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        batch, dim, seqlen, width = dims["batch"], dims["dim"], dims["seqlen"], dims["width"]
+        state_len = dims["state_len"]
+
+        def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+        self.x = rand(batch, dim, seqlen)
+        nslots = batch + 2 if dims.get("has_state_indices", 0) else batch
+        # The layout of mamba-ssm's inference cache: (batch, d_conv, dim) transposed.
+        self.state0 = rand(nslots, state_len, dim).transpose(1, 2)
+        self.weight = rand(dim, width, scale=width ** -0.5)
+        self.bias = rand(dim, scale=0.1) if dims.get("has_bias", 0) else None
+        self.activation = "silu" if dims.get("silu", 0) else None
+        self.cache_seqlens = (torch.randint(0, 4 * state_len, (batch,), generator=gen).to(torch.int32).to(device)
+                              if dims.get("has_cache_seqlens", 0) else None)
+        self.indices = None
+        if dims.get("has_state_indices", 0):
+            indices = torch.randperm(nslots, generator=gen)[:batch].to(torch.int32)
+            if batch > 1:
+                indices[-1] = -1  # a padding slot
+            self.indices = indices.to(device)
+
+    def ref(self) -> dict[str, torch.Tensor]:
+        state = self.state0.transpose(1, 2).clone().transpose(1, 2)
+        out = causal_conv1d_update_ref(self.x, state, self.weight, self.bias, self.activation, self.cache_seqlens,
+                                       self.indices)
+        return {"out": out.float(), "conv_state": state.float()}
+
+
+def _make_update_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = UpdateInputs(dims, dtype, device, seed)
+    # The kernel updates the state in place: it runs on a copy, the references on the original.
+    # (Without cache_seqlens each run shifts the state: the problem checks the first run.)
+    state = inp.state0.transpose(1, 2).clone().transpose(1, 2)
+    args = (inp.x, state, inp.weight, inp.bias, inp.cache_seqlens, inp.indices, torch.empty_like(inp.x),
+            inp.weight.shape[1], inp.activation is not None)
+    return Problem(
+        args=args,
+        # The step is fp32 arithmetic on values it copies: one reference serves both bounds.
+        reference=inp.ref,
+        lowp_reference=inp.ref,
+        outputs=lambda res: {"out": res.float(), "conv_state": state.float()},
+        bytes_moved=2 * inp.x.numel() * inp.x.element_size() + 2 * state[: inp.x.shape[0]].numel()
+        * state.element_size(),
+    )
+
+
+# --- baselines --------------------------------------------------------------------------
+
+
+def causal_conv1d_package() -> tuple[Any, str] | None:
+    """The causal-conv1d package (its Python API) and its name with version, or None."""
+    try:
+        import causal_conv1d
+    except ImportError:
+        return None
+    try:
+        version = importlib.metadata.version("causal_conv1d")
+    except importlib.metadata.PackageNotFoundError:
+        version = getattr(causal_conv1d, "__version__", "?")
+    return causal_conv1d, f"causal-conv1d {version}"
+
+
+TORCH_BASELINE = f"torch {torch.__version__} F.conv1d (causal-conv1d not installed)"
+
+
+def _baseline_fwd(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    if device.type != "cuda":
+        return None
+    inp = ConvInputs(dims, dtype, device, seed)
+    act = "silu" if inp.silu else None
+    found = causal_conv1d_package()
+    if found is not None:
+        pkg, name = found
+        return Baseline(name, lambda: pkg.causal_conv1d_fn(inp.x, inp.weight, inp.bias, inp.seq_idx,
+                                                            inp.initial_states, activation=act))
+    return Baseline(TORCH_BASELINE, lambda: causal_conv1d_ref(inp.x, inp.weight, inp.bias, inp.seq_idx,
+                                                              inp.initial_states, act, upcast=False))
+
+
+def _baseline_bwd(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    if device.type != "cuda":
+        return None
+    inp = ConvInputs(dims, dtype, device, seed)
+    act = "silu" if inp.silu else None
+    x = inp.x.detach().requires_grad_()
+    weight = inp.weight.detach().requires_grad_()
+    leaves = [x, weight]
+    bias = None
+    if inp.bias is not None:
+        bias = inp.bias.detach().requires_grad_()
+        leaves.append(bias)
+    found = causal_conv1d_package()
+    name = TORCH_BASELINE
+    with torch.enable_grad():
+        if found is not None:
+            pkg, name = found
+            out = pkg.causal_conv1d_fn(x, weight, bias, inp.seq_idx, inp.initial_states, activation=act)
+        else:
+            out, _ = causal_conv1d_ref(x, weight, bias, inp.seq_idx, inp.initial_states, act, upcast=False)
+
+    # The backward alone: the graph is built once and kept.
+    def fn() -> Any:
+        return torch.autograd.grad(out, leaves, inp.dout, retain_graph=True)
+
+    return Baseline(name, fn)
+
+
+def _baseline_update(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    if device.type != "cuda":
+        return None
+    inp = UpdateInputs(dims, dtype, device, seed)
+    state = inp.state0.transpose(1, 2).clone().transpose(1, 2)
+    found = causal_conv1d_package()
+    if found is not None:
+        pkg, name = found
+        return Baseline(name, lambda: pkg.causal_conv1d_update(inp.x, state, inp.weight, inp.bias, inp.activation,
+                                                               inp.cache_seqlens, inp.indices))
+    return Baseline(f"torch {torch.__version__} reference loop (causal-conv1d not installed)",
+                    lambda: causal_conv1d_update_ref(inp.x, state, inp.weight, inp.bias, inp.activation,
+                                                     inp.cache_seqlens, inp.indices))
+
+
+# --- seeds ------------------------------------------------------------------------------
+
+# (channels, positions, warps): wide along the unit-stride axis, 1-8K elements per program.
+_CHANNEL_LAST_TILES = ((128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 16, 4), (32, 128, 4))
+_CONTIGUOUS_TILES = ((8, 256, 4), (4, 512, 4), (16, 128, 4), (2, 1024, 8), (32, 64, 4))
+
+
+def _tiles(dims: dict[str, int]) -> tuple[tuple[int, int, int], ...]:
+    return _CHANNEL_LAST_TILES if dims["channel_last"] else _CONTIGUOUS_TILES
+
+
+def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seeds: list[dict[str, Any]] = []
+    for c in configs:
+        if c not in seeds:
+            seeds.append(c)
+    return seeds
+
+
+def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    return _unique([conv.CAUSAL_CONV1D_FWD.default_config(dims)]
+                   + [conv.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
+
+
+def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # Half the forward's tiles (the backward holds more at once), 512-2048 positions per program.
+    tiles = [(bd, max(1, bl // 2), w) for bd, bl, w in _tiles(dims)]
+    return _unique([conv.CAUSAL_CONV1D_BWD.default_config(dims)]
+                   + [conv.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
+                      in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
+
+
+def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    return _unique([update.CAUSAL_CONV1D_UPDATE.default_config(dims)]
+                   + [update.config(bd, w) for bd, w in ((64, 2), (256, 4), (512, 8))])
+
+
+CAUSAL_CONV1D_FWD = TunableKernel(
+    runtime=conv.CAUSAL_CONV1D_FWD,
+    dims_for=_fwd_dims_for,
+    make_problem=_make_fwd_problem,
+    make_baseline=_baseline_fwd,
+    seed_configs=_fwd_seeds,
+    description="causal depthwise conv1d forward (causal-conv1d causal_conv1d_fwd)",
+)
+
+CAUSAL_CONV1D_BWD = TunableKernel(
+    runtime=conv.CAUSAL_CONV1D_BWD,
+    dims_for=_bwd_dims_for,
+    make_problem=_make_bwd_problem,
+    make_baseline=_baseline_bwd,
+    seed_configs=_bwd_seeds,
+    description="causal depthwise conv1d backward: dx, dweight, dbias, dinitial_states "
+                "(causal-conv1d causal_conv1d_bwd)",
+)
+
+CAUSAL_CONV1D_UPDATE = TunableKernel(
+    runtime=update.CAUSAL_CONV1D_UPDATE,
+    dims_for=_update_dims_for,
+    make_problem=_make_update_problem,
+    make_baseline=_baseline_update,
+    seed_configs=_update_seeds,
+    description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
+)
+
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_UPDATE)

@@ -1,0 +1,61 @@
+"""conv1d test set-up: Helion ref mode for the conv1d kernels on CPU tensors, with small blocks.
+
+`conv_ref_mode` switches the conv1d kernels' settings to ref mode for one test and back
+(whatever HELION_INTERPRET said when they were created), and replaces ref mode's one
+tile per loop with small blocks: the backward registers two block sizes per call, its
+positions per program, then its step; they get 8 and 3 (at most the range), so each
+program walks several steps with a partial last one, several dweight/dbias partials per
+row are summed, and the tests see the masks at block edges. (Only the backward registers
+block sizes, so the calls alternate.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import helion.language as hl
+import pytest
+from helion.runtime.ref_mode import RefMode
+
+from mamba_tune import runtime
+from mamba_tune.conv1d import causal_conv1d, update
+
+SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
+
+
+def _conv_kernels() -> list[Any]:
+    return [causal_conv1d.causal_conv1d_fwd_kernel, causal_conv1d.causal_conv1d_bwd_kernel,
+            update.causal_conv1d_update_kernel]
+
+
+class _SmallBlocks:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, min_or_max: int, max_or_none: int | None = None, /) -> int:
+        # register_block_size(max) or register_block_size(min, max).
+        lo, hi = (1, min_or_max) if max_or_none is None else (min_or_max, max_or_none)
+        size = SMALL_BLOCKS[self.calls % len(SMALL_BLOCKS)]
+        self.calls += 1
+        return max(lo, min(size, hi))
+
+
+@pytest.fixture
+def conv_ref_mode() -> Iterator[None]:
+    kernels = _conv_kernels()
+    saved = [k.settings.ref_mode for k in kernels]
+    saved_block_ref = hl.register_block_size._ref_fn
+    hl.register_block_size._ref_fn = _SmallBlocks()
+    for k in kernels:
+        k.settings.ref_mode = RefMode.EAGER
+        k.reset()
+    runtime.configure()  # drop callables compiled in the other mode
+    try:
+        yield
+    finally:
+        hl.register_block_size._ref_fn = saved_block_ref
+        for k, mode in zip(kernels, saved, strict=True):
+            k.settings.ref_mode = mode
+            k.reset()
+        runtime.configure()

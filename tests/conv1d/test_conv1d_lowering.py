@@ -1,0 +1,121 @@
+"""Every conv1d kernel lowers to Triton for its default config, in both layouts: Helion's real compiler front end, no GPU.
+
+Ref mode accepts kernel bodies that compiled mode rejects, so each kernel is lowered with
+every optional input absent and present, widths 2 and 4, fp32 and bf16, contiguous and
+channel-last x, and at a real model's sizes (Nemotron-3 Nano's xBC, meta tensors); the
+search seeds are checked as `autotune_cli.lowering` checks them. The cases run in two
+worker processes without HELION_INTERPRET (compiled mode is fixed per process when a
+kernel is created).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FLAGS = ("has_bias", "has_seq_idx", "has_initial_states", "has_dinitial_states", "has_dfinal")
+# Nemotron-3 Nano's xBC at TP 1: 64 * 64 + 2 * 8 * 128 channels.
+NANO = {"batch": 2, "seqlen": 8192, "dim": 6144}
+
+
+def _conv_dims(layout: int, width: int, flags: dict[str, int], silu: int = 1,
+               size: dict[str, int] | None = None) -> dict[str, int]:
+    return {**(size or {"batch": 2, "seqlen": 37, "dim": 24}), "width": width, **flags, "silu": silu,
+            "channel_last": layout}
+
+
+def _cases() -> list[tuple[str, str, dict[str, int], str, bool]]:
+    cases = []
+    off = dict.fromkeys(FLAGS, 0)
+    # seq_idx excludes states (the shape contract): one set with states, one with seq_idx.
+    states = {**off, "has_bias": 1, "has_initial_states": 1, "has_dinitial_states": 1, "has_dfinal": 1}
+    packed = {**off, "has_bias": 1, "has_seq_idx": 1}
+    for name in ("causal_conv1d_fwd", "causal_conv1d_bwd"):
+        for layout in (0, 1):
+            lay = ("contiguous", "channel_last")[layout]
+            for width in (2, 4):
+                for fid, flags in (("off", off), ("states", states), ("packed", packed)):
+                    cases.append((f"{name}-{lay}-W{width}-{fid}-bf16", name, _conv_dims(layout, width, flags, silu=width % 2),
+                                  "bf16", False))
+            cases.append((f"{name}-{lay}-W4-packed-fp32", name, _conv_dims(layout, 4, packed), "fp32", False))
+        cases.append((f"{name}-nemotron3-nano-bf16", name, _conv_dims(1, 4, packed, size=NANO), "bf16", True))
+    for state_len, seqlen in ((3, 1), (4, 1), (8, 3)):
+        for cache, idx in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            dims = {"batch": 3, "dim": 40, "seqlen": seqlen, "width": 4, "state_len": state_len, "has_bias": 1,
+                    "silu": 1, "has_cache_seqlens": cache, "has_state_indices": idx}
+            cases.append((f"causal_conv1d_update-S{state_len}-L{seqlen}-cache{cache}-idx{idx}", "causal_conv1d_update",
+                          dims, "bf16", False))
+    return cases
+
+
+CASES = _cases()
+
+# Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
+_WORKER = r"""
+import json, sys, torch
+from autotune_cli.lowering import check_seeds, compiled_mode, meta_args
+from autotune_cli.tuning import get
+from mamba_tune.vocab import torch_dtype
+torch.set_num_threads(1)  # two workers share the CI machine's cores
+for case_id, name, dims, dtype, meta in json.loads(sys.stdin.read()):
+    tk = get(name)
+    dims = {k: v for k, v in dims.items() if k in tk.dims}
+    try:
+        if meta:
+            args = meta_args(tk, dims, dtype)
+        else:
+            args = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0).args
+        bound = tk.kernel.bind(args)
+        code = bound.to_triton_code(tk.default_for(bound, dims))
+        problems = [] if meta else check_seeds(tk, dims, dtype)
+        ok = "tl.store" in code and not problems
+        result = {"id": case_id, "ok": ok, "error": "; ".join(problems) or ("" if ok else "no store")}
+    except Exception as e:  # every compiler error is a finding for this case
+        result = {"id": case_id, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+    print(json.dumps(result), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def clean_env() -> dict[str, str]:
+    # Module-scoped twin of tests/conftest.py's clean_env (that one is per test).
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env.pop("HELION_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+@pytest.fixture(scope="module")
+def lowered(clean_env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    def run(half: list[tuple[str, str, dict[str, int], str, bool]]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(half), capture_output=True,
+                              text=True, env=clean_env, timeout=1500)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(run, [CASES[0::2], CASES[1::2]]))
+    results: dict[str, dict[str, Any]] = {}
+    for proc in done:
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                results[r["id"]] = r
+        if proc.returncode != 0:
+            results["__worker__"] = {"ok": False, "error": proc.stderr[-3000:]}
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES])
+def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
+    assert "__worker__" not in lowered, lowered.get("__worker__", {}).get("error")
+    assert case_id in lowered, f"{case_id}: the lowering worker printed no result"
+    result = lowered[case_id]
+    assert result["ok"], f"{case_id}: {result['error']}"

@@ -1,0 +1,49 @@
+"""The conv1d tuning records: each problem passes the tuner's accuracy check in ref mode,
+and a broken output fails it (the check compares what the record says it compares)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune_cli.kernel_keys import ModelShape
+from autotune_cli.spec import DEFAULT_TOLERANCES
+from autotune_cli.tuner import check_accuracy
+from autotune_cli.tuning import get
+
+pytestmark = pytest.mark.usefixtures("conv_ref_mode")
+
+SHAPE = ModelShape(batch=2, seqlen=50, nheads=2, headdim=8, ngroups=1, dstate=8, chunk_size=16, packed=True)
+
+
+def _cases() -> list[tuple[str, str, dict[str, int]]]:
+    fwd = get("causal_conv1d_fwd").dims_for(SHAPE)
+    bwd = get("causal_conv1d_bwd").dims_for(SHAPE)
+    upd = get("causal_conv1d_update").dims_for(SHAPE)
+    states = {"has_seq_idx": 0, "has_initial_states": 1}
+    return [
+        ("fwd-mixer", "causal_conv1d_fwd", fwd),
+        ("fwd-contiguous-states", "causal_conv1d_fwd", {**fwd, **states, "channel_last": 0, "width": 3}),
+        ("bwd-mixer", "causal_conv1d_bwd", bwd),
+        ("bwd-states", "causal_conv1d_bwd", {**bwd, **states, "has_dinitial_states": 1, "has_dfinal": 1}),
+        ("update-decode", "causal_conv1d_update", upd),
+        ("update-slots", "causal_conv1d_update", {**upd, "seqlen": 3, "state_len": 6, "has_cache_seqlens": 1,
+                                                  "has_state_indices": 1}),
+    ]
+
+
+@pytest.mark.parametrize(("name", "dims"), [c[1:] for c in _cases()], ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_problem_passes_the_accuracy_check(name: str, dims: dict[str, int], dtype: str) -> None:
+    tk = get(name)
+    assert tuple(dims) == tk.dims
+    problem = tk.make_problem(dims, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype], torch.device("cpu"), 0)
+    assert tk.dims_from_args(problem.args) == dims
+    result = problem.run(tk.kernel)
+    acc = check_accuracy(problem, result, DEFAULT_TOLERANCES[dtype])
+    assert acc.passed, acc
+    # The same check fails for a wrong output.
+    spoiled = problem.outputs(result)
+    first = next(iter(spoiled))
+    broken = type(problem)(**{**problem.__dict__, "outputs": lambda res: {**spoiled, first: spoiled[first] + 1.0}})
+    assert not check_accuracy(broken, result, DEFAULT_TOLERANCES[dtype]).passed

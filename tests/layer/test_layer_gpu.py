@@ -1,0 +1,176 @@
+"""The fused layer compiled for real on a CUDA GPU (`pytest tests/layer -m gpu`).
+
+At Nemotron-3 Nano's Mamba-2 dims (nheads 64, headdim 64, ngroups 8, dstate 128,
+chunk_size 128, bf16): `mamba_split_conv1d_scan_combined` against mamba-ssm's own fused
+function on the same inputs, both against the fp32 reference (autograd through
+`split_conv1d_scan_ref` on the GPU): our error within twice mamba-ssm's plus atol, for the
+output, final_states and every gradient. Bitwise-equal gradients across runs; peak memory of
+a forward+backward and the memory kept between forward and backward no higher than mamba-ssm's;
+mamba-ssm's `Mamba2` (use_mem_eff_path=True) patched vs unpatched, forward and backward.
+mamba-ssm's fused function needs the causal-conv1d package: those tests skip without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import pytest
+import torch
+from layer_inputs import Layer
+
+import mamba_tune
+from autotune_cli.reference import split_conv1d_scan_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+NANO = {"nheads": 64, "headdim": 64, "ngroups": 8, "dstate": 128, "chunk_size": 128, "out_dim": 2688,
+        "norm_before_gate": False, "outproj_bias": False, "rmsnorm_eps": 1e-5}
+ATOL = 1e-2
+
+
+def _mamba_ssm_fused() -> Any:
+    try:
+        from mamba_ssm.ops.triton import ssd_combined
+    except ImportError:
+        pytest.skip("mamba-ssm is not importable")
+    if getattr(ssd_combined, "causal_conv1d_fwd_function", None) is None:
+        pytest.skip("mamba-ssm's fused layer needs the causal-conv1d package")
+    if mamba_tune.is_patched():
+        mamba_tune.unpatch_mamba_ssm()
+    return ssd_combined.mamba_split_conv1d_scan_combined
+
+
+def _run(fn: Any, layer: Layer, dout: torch.Tensor, dfinal: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    leaves = layer.leaves()
+    args, kw = layer.call_args(leaves)
+    out, final = fn(*args, **kw)
+    roots, grads = [out], [dout.to(out.dtype)]
+    if dfinal is not None:
+        roots.append(final)
+        grads.append(dfinal)
+    got = torch.autograd.grad(roots, list(leaves.values()), grads)
+    return {"out": out.detach(), "final_states": final.detach(), **dict(zip(leaves, got, strict=True))}
+
+
+def _returning_final(fn: Any) -> Any:
+    return functools.partial(fn, return_final_states=True)
+
+
+def _reference(layer: Layer, dout: torch.Tensor, dfinal: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    up = Layer({k: None if v is None else v.float() for k, v in layer.tensors.items()}, layer.seq_idx,
+               layer.kwargs, layer.chunk_size)
+    return _run(functools.partial(split_conv1d_scan_ref, upcast=True), up, dout.float(), dfinal)
+
+
+def _assert_bounded(name: str, ours: torch.Tensor, ref: torch.Tensor, theirs: torch.Tensor) -> None:
+    assert not ours.isnan().any(), f"{name}: NaN"
+    err = (ours.float() - ref.float()).abs().max().item()
+    bound = 2 * (theirs.float() - ref.float()).abs().max().item() + ATOL * max(1.0, ref.abs().max().item())
+    assert err <= bound, f"{name}: max error {err:.3e} > 2 * mamba-ssm's error + atol = {bound:.3e}"
+
+
+OPTIONS = [
+    pytest.param({}, False, id="mamba2-default"),
+    pytest.param({"seq_idx": True, "initial_states": True}, True, id="seq_idx-init-dfinal"),
+    pytest.param({"norm_before_gate": True, "D_per_head": False}, False, id="norm-before-gate-D-hdim"),
+    pytest.param({"rmsnorm": False, "d_mlp": 256}, False, id="no-norm-d_mlp"),
+]
+
+
+def _layer(options: dict[str, Any], seed: int = 0, batch: int = 2, seqlen: int = 4096) -> Layer:
+    return Layer.make(torch.bfloat16, seed, device="cuda", batch=batch, seqlen=seqlen, **{**NANO, **options})
+
+
+def _out_grads(layer: Layer, with_dfinal: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    b, s = layer.tensors["zxbcdt"].shape[:2]
+    dout = torch.randn(b, s, NANO["out_dim"], generator=gen, device="cuda").to(torch.bfloat16)
+    dfinal = (torch.randn(b, NANO["nheads"], NANO["headdim"], NANO["dstate"], generator=gen, device="cuda")
+              if with_dfinal else None)
+    return dout, dfinal
+
+
+@pytest.mark.parametrize("options,with_dfinal", OPTIONS)
+def test_forward_and_gradients_vs_mamba_ssm_fused(options, with_dfinal):
+    theirs_fn = _mamba_ssm_fused()
+    layer = _layer(options)
+    dout, dfinal = _out_grads(layer, with_dfinal)
+    ours = _run(_returning_final(mamba_tune.mamba_split_conv1d_scan_combined), layer, dout, dfinal)
+    theirs = _run(_returning_final(theirs_fn), layer, dout, dfinal)
+    ref = _reference(layer, dout, dfinal)
+    assert set(ours) == set(theirs) == set(ref)
+    for name in sorted(ours):
+        _assert_bounded(name, ours[name], ref[name], theirs[name])
+
+
+def test_gradients_are_bitwise_reproducible():
+    layer = _layer({"seq_idx": True, "initial_states": True})
+    dout, dfinal = _out_grads(layer, True)
+    fn = _returning_final(mamba_tune.mamba_split_conv1d_scan_combined)
+    first, second = _run(fn, layer, dout, dfinal), _run(fn, layer, dout, dfinal)
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"{name} differs between two runs"
+
+
+def _memory(fn: Any, layer: Layer, dout: torch.Tensor) -> tuple[float, float]:
+    """(MiB kept between forward and backward, MiB peak of forward + backward), above the inputs."""
+    leaves = layer.leaves()
+    args, kw = layer.call_args(leaves)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(*args, **kw)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
+    grads = torch.autograd.grad(out, list(leaves.values()), dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del grads, out
+    return kept / 2**20, peak / 2**20
+
+
+def test_memory_no_higher_than_mamba_ssms():
+    theirs_fn = _mamba_ssm_fused()
+    layer = _layer({}, batch=2, seqlen=8192)
+    dout, _ = _out_grads(layer, False)
+    fn = mamba_tune.mamba_split_conv1d_scan_combined
+    _memory(fn, layer, dout)  # compile and resolve configs first
+    _memory(theirs_fn, layer, dout)
+    ours_kept, ours_peak = _memory(fn, layer, dout)
+    theirs_kept, theirs_peak = _memory(theirs_fn, layer, dout)
+    assert ours_kept <= theirs_kept, f"kept for the backward: ours {ours_kept:.0f} MiB > mamba-ssm {theirs_kept:.0f}"
+    assert ours_peak <= theirs_peak, f"peak: ours {ours_peak:.0f} MiB > mamba-ssm {theirs_peak:.0f} MiB"
+
+
+def test_patched_mamba2_vs_unpatched_forward_and_backward():
+    _mamba_ssm_fused()
+    from mamba_ssm.modules.mamba2 import Mamba2
+
+    torch.manual_seed(0)
+    # Nano-like: d_inner 4096 (64 heads of 64), 8 groups, dstate 128, chunk 128.
+    module = Mamba2(d_model=2048, d_state=128, headdim=64, ngroups=8, chunk_size=128, device="cuda",
+                    dtype=torch.bfloat16)
+    assert module.use_mem_eff_path
+    u = torch.randn(2, 4096, 2048, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(u)
+
+    def step(m: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        x = u.detach().clone().to(dtype).requires_grad_()
+        m.zero_grad(set_to_none=True)
+        out = m(x)
+        out.backward(dout.to(dtype))
+        return {"out": out.detach(), "d_input": x.grad, **{n: p.grad for n, p in m.named_parameters()}}
+
+    theirs = step(module, torch.bfloat16)
+    ref = step(copy.deepcopy(module).float(), torch.float32)  # mamba-ssm's fused path in fp32
+    patched = copy.deepcopy(module)
+    with mamba_tune.patched_mamba_ssm(strict=True):
+        ours = step(patched, torch.bfloat16)
+    assert set(ours) == set(theirs) == set(ref)
+    for name in sorted(theirs):
+        _assert_bounded(name, ours[name], ref[name], theirs[name])
