@@ -204,6 +204,10 @@ def _norm_classes(module: Any) -> list[type]:
 
 def _resolved(function: Any) -> str:
     """What transformers' decorated function runs: the implementation it picked at import."""
+    if isinstance(function, torch.nn.Module):
+        # With Hugging Face's kernels package (a version transformers accepts), the decorator
+        # turns the function into a layer that kernelize (use_kernels=True) can swap.
+        return f"the kernels layer {getattr(function, 'kernel_layer_name', type(function).__name__)}"
     code, closure = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
     cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure), strict=True)) if code else {}
     implementation = cells.get("implementation")
@@ -227,10 +231,15 @@ def _accepted(function: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[s
     return lambda kwargs: {k: v for k, v in kwargs.items() if k in names}
 
 
+def _wraps(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """functools.wraps without copying `__dict__` (the original may be an nn.Module)."""
+    return functools.wraps(original, updated=())
+
+
 def _wired(tf_name: str, name: str, ours: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     accept = _accepted(ours)
 
-    @functools.wraps(original)
+    @_wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
         return ours(*args, **accept(kwargs))
 
@@ -254,14 +263,14 @@ def _missing(tf_name: str, name: str, original: Callable[..., Any]) -> Callable[
         instead = ("the mixer's unfused path (conv1d, mamba-tune's mamba_chunk_scan_combined, the gated norm, "
                    "out_proj)")
 
-        @functools.wraps(original)
+        @_wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             _notice(name, instead)
             return None  # transformers' signal to take the unfused path
     else:
         instead = f"transformers' {tf_name} ({_resolved(original)})"
 
-        @functools.wraps(original)
+        @_wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             _notice(name, instead)
             return original(*args, **kwargs)
@@ -279,7 +288,7 @@ def _norm_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     """
     rmsnorm_fn = provided(NORM_FUNCTION)
 
-    @functools.wraps(original)
+    @_wraps(original)
     def forward(self: torch.nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         if rmsnorm_fn is None:
             _notice(NORM_FUNCTION, f"transformers' {type(self).__name__}.forward")
