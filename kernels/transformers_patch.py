@@ -202,20 +202,35 @@ def _norm_classes(module: Any) -> list[type]:
             if name.endswith("RMSNormGated") and isinstance(obj, type) and issubclass(obj, torch.nn.Module)]
 
 
+def _cells(function: Any) -> dict[str, Any]:
+    """A function's closure by variable name ({} for anything else)."""
+    code, closure = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
+    return dict(zip(code.co_freevars, (c.cell_contents for c in closure), strict=True)) if code else {}
+
+
+def _inner(function: Any) -> Any:
+    """transformers' decorated function itself. With Hugging Face's kernels package (a version
+    transformers accepts: 0.17.2 with 5.15 to 5.2x here), the decorator turns it into a layer
+    (an nn.Module whose forward calls it) that kernelize (use_kernels=True) can swap."""
+    if isinstance(function, torch.nn.Module):
+        inner = _cells(type(function).forward).get("func")
+        if callable(inner):
+            return inner
+    return function
+
+
 def _resolved(function: Any) -> str:
     """What transformers' decorated function runs: the implementation it picked at import."""
-    if isinstance(function, torch.nn.Module):
-        # With Hugging Face's kernels package (a version transformers accepts), the decorator
-        # turns the function into a layer that kernelize (use_kernels=True) can swap.
-        return f"the kernels layer {getattr(function, 'kernel_layer_name', type(function).__name__)}"
-    code, closure = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure), strict=True)) if code else {}
-    implementation = cells.get("implementation")
+    layer = isinstance(function, torch.nn.Module)
+    function = _inner(function)
+    implementation = _cells(function).get("implementation")
     if implementation is None:  # not transformers' wrapper (some other patch's function)
-        return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
-    if implementation is getattr(function, "__wrapped__", None):  # the decorated function itself
-        return "transformers' PyTorch code"
-    return f"{implementation.__module__}.{implementation.__qualname__}"
+        what = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__name__)}"
+    elif implementation is getattr(function, "__wrapped__", None):  # the decorated function itself
+        what = "transformers' PyTorch code"
+    else:
+        what = f"{implementation.__module__}.{implementation.__qualname__}"
+    return f"{what}, as a kernels layer" if layer else what
 
 
 # --- the replacements ------------------------------------------------------------------
