@@ -1,9 +1,10 @@
 """One switch: run transformers' Mamba-2 mixers on these kernels.
 
 `patch_transformers()` makes the Mamba-2 mixers of transformers' `Mamba2`, `NemotronH`,
-`Zamba2` and `FalconH1` models call mamba-tune's functions. transformers 5.15 to 5.24
-(tested: 5.24.0 here, the others' sources read) define, in each model's modeling module,
-five module-level functions that the mixer's one `forward` calls by name at call time:
+`Zamba2` and `FalconH1` models call mamba-tune's functions (tested with transformers
+5.24.0 in CI, and by hand with 5.0.0, 5.6.0, 5.12.1, 5.14.1, 5.15.0, 5.18.0 and 5.21.1).
+transformers 5.15 to 5.24 define, in each model's modeling module, five module-level
+functions that the mixer's one `forward` calls by name at call time:
 
 | transformers' name | mamba-tune's function |
 |---|---|
@@ -32,12 +33,21 @@ is the mixer's unfused path, which transformers takes when the fused function re
 None: conv1d, mamba-tune's `mamba_chunk_scan_combined`, the gated norm, `out_proj`. With
 `strict=True` such a call raises `NotImplementedError` instead.
 
-transformers 5.0 to 5.14 are refused (`UnsupportedTransformersError`): there each mixer's
-`__init__` looked its kernels up (`lazy_load_kernel("mamba-ssm")`, `("causal-conv1d")`)
-into module globals and `forward` took `cuda_kernels_forward` only when all five were found
-and the weights were on CUDA (`is_fast_path_available`), a different structure. Versions
-after 5.24 are patched when their modules have the same structure (with a warning that
-they are untested) and refused otherwise.
+transformers 5.0 to 5.14 have another structure: each mixer's `__init__` looks the
+functions up (`lazy_load_kernel("mamba-ssm")`, `("causal-conv1d")`; in 5.0 Zamba2 and FalconH1
+import them at module import) into module globals under mamba-ssm's names
+(`mamba_chunk_scan_combined`, `mamba_split_conv1d_scan_combined`, `causal_conv1d_fn`,
+`causal_conv1d_update`, `selective_state_update`), and `forward` takes
+`cuda_kernels_forward` only when all five were found (`is_fast_path_available`) and the
+weights are on CUDA, else `torch_forward`. There the patch sets those globals (ours, or
+transformers' own behind the same notice), wraps the mixer's `__init__` so that a mixer
+built later re-installs them after its lookup, and sets `is_fast_path_available` when each
+of the five has something to run. When one has neither (mamba-tune lacks it and
+transformers found no package for it) the mixers keep their PyTorch path: that warns,
+naming them, and strict raises. The kernel path still needs CUDA weights there (on CPU
+call `mixer.cuda_kernels_forward` directly, as the tests do). Versions after 5.24 are
+patched when their modules have the same structure (with a warning that they are
+untested) and refused otherwise; 4.x is refused.
 
 `unpatch_transformers()` puts back exactly the objects it replaced; both are idempotent.
 `MAMBA_TUNE_PATCH_TRANSFORMERS=1` (or `strict`) patches at `import mamba_tune`.
@@ -62,7 +72,7 @@ import torch
 from mamba_tune.runtime import MambaTuneWarning
 
 ENV_PATCH = "MAMBA_TUNE_PATCH_TRANSFORMERS"
-# Oldest version with the structure patched here; newest one tested.
+# Oldest version with module-level functions (older ones: "legacy" below); newest one tested.
 MIN_VERSION = "5.15.0"
 TESTED_VERSION = "5.24.0"
 
@@ -75,6 +85,11 @@ FUNCTIONS: dict[str, str] = {
     "causal_conv1d_update": "causal_conv1d_update",
     "mamba2_selective_state_update": "selective_state_update",
 }
+# transformers 5.0 to 5.14: the module globals the mixers' cuda_kernels_forward calls (set
+# by the mixer's __init__ through lazy_load_kernel, or at import), under mamba-ssm's names.
+LEGACY_MIN_VERSION = "5.0.0"
+LEGACY_FUNCTIONS: dict[str, str] = {name: name for name in FUNCTIONS.values()}
+FAST_PATH_FLAG = "is_fast_path_available"
 NORM_FUNCTION = "rmsnorm_fn"
 # What each function runs for, in the warning of one that is not provided.
 _USE = {
@@ -162,37 +177,51 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return Version(version).release
 
 
-def _import_transformers() -> tuple[str, list[tuple[ModelFamily, Any]]]:
-    """transformers' version and the modeling module of each family; raises where unsupported."""
+def _is_legacy(version: str) -> bool:
+    return _version_tuple(version) < _version_tuple(MIN_VERSION)
+
+
+def _functions(legacy: bool) -> dict[str, str]:
+    return LEGACY_FUNCTIONS if legacy else FUNCTIONS
+
+
+def _import_transformers() -> tuple[bool, list[tuple[ModelFamily, Any]]]:
+    """Whether transformers is 5.0-5.14 (legacy), and the modeling module of each family it
+    has; raises where unsupported."""
     if importlib.util.find_spec("transformers") is None:
         raise TransformersNotInstalledError(
             f"patch_transformers: transformers is not installed (pip install 'transformers>={MIN_VERSION}')")
     import transformers
 
     version = transformers.__version__
-    if _version_tuple(version) < _version_tuple(MIN_VERSION):
+    if _version_tuple(version) < _version_tuple(LEGACY_MIN_VERSION):
         raise UnsupportedTransformersError(
-            f"patch_transformers: transformers {version} is not supported (needs >= {MIN_VERSION}; tested with "
-            f"{TESTED_VERSION}): before 5.15 each Mamba-2 mixer looked its kernels up in __init__ "
-            "(lazy_load_kernel) and ran them only on CUDA (is_fast_path_available), which this patch does not handle")
+            f"patch_transformers: transformers {version} is not supported (needs >= {LEGACY_MIN_VERSION}; tested "
+            f"with {TESTED_VERSION})")
+    legacy = _is_legacy(version)
     modules = []
     for family in FAMILIES:
+        if legacy and importlib.util.find_spec(f"transformers.models.{family.model_type}") is None:
+            continue  # e.g. NemotronH, which 5.0 does not have
         try:
             module = importlib.import_module(family.module)
         except ImportError as e:
             raise UnsupportedTransformersError(
                 f"patch_transformers: transformers {version} has no {family.module} ({e})") from e
-        missing = [name for name in (*FUNCTIONS, family.mixer) if not hasattr(module, name)]
-        if missing or not _norm_classes(module):
-            what = ", ".join(missing) if missing else "a *RMSNormGated class"
+        mixer = getattr(module, family.mixer, None)
+        # Legacy modules set the functions' globals in the mixer's __init__: check the mixer.
+        needed = ("cuda_kernels_forward", "torch_forward") if legacy else FUNCTIONS
+        missing = [name for name in needed if not hasattr(mixer if legacy else module, name)]
+        if mixer is None or missing or not _norm_classes(module):
+            what = family.mixer if mixer is None else ", ".join(missing) if missing else "a *RMSNormGated class"
             raise UnsupportedTransformersError(
                 f"patch_transformers: transformers {version}'s {family.module} has no {what}; "
-                f"the patch knows transformers {MIN_VERSION} to {TESTED_VERSION}")
+                f"the patch knows transformers {LEGACY_MIN_VERSION} to {TESTED_VERSION}")
         modules.append((family, module))
     if _version_tuple(version)[:2] > _version_tuple(TESTED_VERSION)[:2]:
         warnings.warn(f"patch_transformers: transformers {version} is newer than the tested {TESTED_VERSION}; its "
                       "Mamba-2 modules have the expected names, patching them", MambaTuneWarning, stacklevel=3)
-    return version, modules
+    return legacy, modules
 
 
 def _norm_classes(module: Any) -> list[type]:
@@ -247,11 +276,14 @@ def _accepted(function: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[s
 
 
 def _wraps(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """functools.wraps without copying `__dict__` (the original may be an nn.Module)."""
+    """functools.wraps without copying `__dict__` (the original may be an nn.Module), and
+    nothing to copy from where transformers found no function (legacy: None)."""
+    if not callable(original):
+        return lambda f: f
     return functools.wraps(original, updated=())
 
 
-def _wired(tf_name: str, name: str, ours: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+def _wired(tf_name: str, name: str, ours: Callable[..., Any], original: Any) -> Callable[..., Any]:
     accept = _accepted(ours)
 
     @_wraps(original)
@@ -273,7 +305,7 @@ def _notice(name: str, instead: str) -> None:
                       stacklevel=3)
 
 
-def _missing(tf_name: str, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _missing(tf_name: str, name: str, original: Any) -> Callable[..., Any]:
     if tf_name == _FUSED:
         instead = ("the mixer's unfused path (conv1d, mamba-tune's mamba_chunk_scan_combined, the gated norm, "
                    "out_proj)")
@@ -291,6 +323,24 @@ def _missing(tf_name: str, name: str, original: Callable[..., Any]) -> Callable[
             return original(*args, **kwargs)
 
     call.mamba_tune_runs = instead  # type: ignore[attr-defined]
+    return call
+
+
+def _legacy_missing(module: Any, name: str) -> Callable[..., Any]:
+    """5.0-5.14: the function transformers found (read at call time: each mixer's __init__
+    looks it up again), behind the notice. The mixer's kernel path uses the fused call's
+    result as is, so here it runs transformers' fused function too."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        original = _STATE.originals.get((module, name))
+        if not callable(original):
+            raise NotImplementedError(f"neither mamba-tune nor transformers has {name} "
+                                      f"({module.__name__} found none)")
+        _notice(name, f"transformers' {name} ({_resolved(original)})")
+        return original(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.mamba_tune_legacy_of = module  # type: ignore[attr-defined]
     return call
 
 
@@ -322,19 +372,82 @@ def _norm_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
-def _replacements(modules: list[tuple[ModelFamily, Any]]) -> dict[tuple[Any, str], Any]:
+def _replacements(modules: list[tuple[ModelFamily, Any]], legacy: bool) -> dict[tuple[Any, str], Any]:
     """(owner, attribute) -> its replacement, for every family's module."""
     out: dict[tuple[Any, str], Any] = {}
-    for _, module in modules:
-        for tf_name, name in FUNCTIONS.items():
-            original = getattr(module, tf_name)
+    for family, module in modules:
+        for tf_name, name in _functions(legacy).items():
+            original = vars(module).get(tf_name)
             ours = provided(name)
-            out[(module, tf_name)] = (_wired(tf_name, name, ours, original) if ours is not None
-                                      else _missing(tf_name, name, original))
+            if ours is not None:
+                out[(module, tf_name)] = _wired(tf_name, name, ours, original)
+            else:
+                out[(module, tf_name)] = (_legacy_missing(module, tf_name) if legacy
+                                          else _missing(tf_name, name, original))
         for cls in _norm_classes(module):
             if (cls, "forward") not in out:  # a class imported by several modules: patched once
                 out[(cls, "forward")] = _norm_forward(cls.forward)
+        if legacy:
+            mixer = getattr(module, family.mixer)
+            out[(mixer, "__init__")] = _legacy_init(module, mixer.__init__)
     return out
+
+
+# --- 5.0 to 5.14: globals that each mixer's __init__ sets, and the fast-path flag -------------
+
+
+def _legacy_init(module: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The mixer's __init__, then the patch's globals again (the original set transformers')."""
+
+    @_wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        with _STATE.lock:
+            if _STATE.installed:
+                _legacy_install(module)
+
+    __init__.mamba_tune_runs = "the mixer's __init__, then mamba-tune's globals"  # type: ignore[attr-defined]
+    return __init__
+
+
+def _legacy_install(module: Any, at_patch: bool = False) -> None:
+    """Put the patch's functions in `module`'s globals (keeping what transformers had set as the
+    originals), then set the fast-path flag: True where every function has something to run.
+    The flag is the module's, not a mixer's: it also overrides a config's use_mamba_kernels=False
+    (5.6-5.14's NemotronH and Zamba2), which only made the lookup find nothing."""
+    installed = _STATE.installed
+    for name in LEGACY_FUNCTIONS:
+        current = vars(module).get(name, _ABSENT)
+        if current is not installed[(module, name)]:
+            _STATE.originals[(module, name)] = current  # transformers' latest lookup
+            setattr(module, name, installed[(module, name)])
+    if at_patch and any(_STATE.originals[(module, name)] is _ABSENT for name in LEGACY_FUNCTIONS):
+        return  # no mixer built yet: its __init__ will look the functions up, then come here
+    lacking = [name for name in LEGACY_FUNCTIONS
+               if provided(name) is None and not callable(_STATE.originals[(module, name)])]
+    key = (module, FAST_PATH_FLAG)
+    current = vars(module).get(FAST_PATH_FLAG, _ABSENT)
+    if not lacking:
+        if current is not True or key not in installed:
+            _STATE.originals[key] = current  # what transformers' lookup concluded
+            installed[key] = True
+            setattr(module, FAST_PATH_FLAG, True)
+        return
+    if key in installed:  # complete before, not now: transformers' flag back
+        del installed[key]
+        original = _STATE.originals.pop(key)
+        if original is _ABSENT:
+            delattr(module, FAST_PATH_FLAG)
+        else:
+            setattr(module, FAST_PATH_FLAG, original)
+    message = (f"{module.__name__}: the mixers' kernel path (cuda_kernels_forward) needs {', '.join(lacking)}, "
+               "which mamba-tune does not have yet and transformers did not find: the mixers run their PyTorch "
+               "path (torch_forward) without mamba-tune's kernels")
+    if _STATE.strict:
+        raise NotImplementedError(f"{message}; patch_transformers(strict=True) refuses that")
+    if message not in _STATE.warned:
+        _STATE.warned.add(message)
+        warnings.warn(message, MambaTuneWarning, stacklevel=3)
 
 
 # --- the switch --------------------------------------------------------------------------
@@ -345,22 +458,29 @@ def patch_transformers(strict: bool = False) -> None:
 
     strict: raise NotImplementedError where a mixer calls a function that mamba-tune does
     not have yet (`not_provided()` lists them) instead of warning once and running
-    transformers' own. Calling it again only updates strict.
+    transformers' own (5.0-5.14: also where the mixers' kernel path cannot run at all).
+    Calling it again only updates strict.
     Raises TransformersNotInstalledError (an ImportError) without transformers, and
-    UnsupportedTransformersError for transformers before 5.15 or a later one whose modules
+    UnsupportedTransformersError for a transformers before 5.0 or a later one whose modules
     changed.
     """
     with _STATE.lock:
         _STATE.strict = bool(strict)
         if _STATE.installed:
             return
-        _, modules = _import_transformers()
-        installed = _replacements(modules)
+        legacy, modules = _import_transformers()
+        installed = _replacements(modules, legacy)
         originals = {(owner, attr): vars(owner).get(attr, _ABSENT) for owner, attr in installed}
         for (owner, attr), new in installed.items():
             setattr(owner, attr, new)
         _STATE.originals, _STATE.installed = originals, installed
         _STATE.warned.clear()
+        try:
+            for _, module in modules if legacy else ():
+                _legacy_install(module, at_patch=True)
+        except BaseException:
+            unpatch_transformers()
+            raise
 
 
 def unpatch_transformers() -> None:
@@ -400,7 +520,8 @@ def mixer_functions(model: torch.nn.Module) -> dict[str, dict[str, str]]:
     """What each Mamba-2 mixer class in `model` calls: {mixer class: {function: what runs it}}.
 
     "mamba_tune.<name>" for a wired function; otherwise a description of transformers' own
-    (or, unpatched, "transformers: <what it picked>"). The norm is listed as "norm".
+    (or, unpatched, "transformers: <what it picked>"). The norm is listed as "norm"; for
+    transformers 5.0-5.14, "path" says which forward the mixers take on CUDA.
     """
     import sys
 
@@ -412,14 +533,24 @@ def mixer_functions(model: torch.nn.Module) -> dict[str, dict[str, str]]:
         if family is None or cls.__module__ != family.module or cls.__name__ in out:
             continue
         module = sys.modules[family.module]
+        legacy = hasattr(cls, "cuda_kernels_forward")
         calls = {}
-        for tf_name in FUNCTIONS:
-            function = getattr(module, tf_name)
-            calls[tf_name] = getattr(function, "mamba_tune_runs", None) or f"transformers: {_resolved(function)}"
+        for tf_name in _functions(legacy):
+            function = vars(module).get(tf_name)
+            if getattr(function, "mamba_tune_legacy_of", None) is module:  # not provided: what transformers found
+                original = _STATE.originals.get((module, tf_name))
+                calls[tf_name] = (f"transformers' {tf_name} ({_resolved(original)})" if callable(original)
+                                  else f"transformers' {tf_name} (none found)")
+                continue
+            calls[tf_name] = getattr(function, "mamba_tune_runs", None) or (
+                f"transformers: {_resolved(function)}" if callable(function) else "transformers: none found")
         norm = getattr(sub, "norm", None)
         if norm is not None and type(norm).__name__.endswith("RMSNormGated"):
             forward = type(norm).forward
             calls["norm"] = getattr(forward, "mamba_tune_runs", None) or f"transformers: {type(norm).__name__}.forward"
+        if legacy:
+            calls["path"] = ("cuda_kernels_forward (on CUDA)" if vars(module).get(FAST_PATH_FLAG)
+                             else "torch_forward (is_fast_path_available is False)")
         out[cls.__name__] = calls
     return out
 

@@ -14,10 +14,12 @@ GPU tests: tests/test_transformers_patch_gpu.py.
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import json
 import subprocess
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,30 +38,38 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_TYPES = [f.model_type for f in tp.FAMILIES]
+# transformers 5.0-5.14 (what tp calls legacy) has another structure; CI installs the newest.
+LEGACY = tp._is_legacy(importlib.import_module("transformers").__version__)
+NEW = pytest.mark.skipif(LEGACY, reason="transformers 5.15+'s module-level functions")
+OLD = pytest.mark.skipif(not LEGACY, reason="needs transformers 5.0-5.14 (lazy_load_kernel in the mixers)")
+ABSENT = object()
+
+
+def _present(model_type: str) -> bool:
+    return importlib.util.find_spec(f"transformers.models.{model_type}") is not None
 
 
 @pytest.fixture
 def modules() -> Iterator[dict[str, ModuleType]]:
-    """Each family's modeling module; never patched after the test."""
-    import importlib
-
+    """Each family's modeling module (those this transformers has); never patched after the test."""
     tp.unpatch_transformers()
-    yield {f.model_type: importlib.import_module(f.module) for f in tp.FAMILIES}
+    yield {f.model_type: importlib.import_module(f.module) for f in tp.FAMILIES if _present(f.model_type)}
     tp.unpatch_transformers()
 
 
 def _transformers() -> ModuleType:
     """The transformers module now in sys.modules (importing a model module replaces the first one)."""
-    import importlib
-
     return importlib.import_module("transformers")
 
 
 def _snapshot(mods: dict[str, ModuleType]) -> dict[tuple[Any, str], Any]:
     out: dict[tuple[Any, str], Any] = {}
-    for module in mods.values():
-        out.update({(module, name): getattr(module, name) for name in tp.FUNCTIONS})
+    for model_type, module in mods.items():
+        out.update({(module, name): vars(module).get(name, ABSENT) for name in tp._functions(LEGACY)})
         out.update({(cls, "forward"): vars(cls).get("forward") for cls in tp._norm_classes(module)})
+        if LEGACY:
+            mixer = getattr(module, next(f.mixer for f in tp.FAMILIES if f.model_type == model_type))
+            out[(mixer, "__init__")] = vars(mixer).get("__init__")
     return out
 
 
@@ -72,16 +82,20 @@ def _same(a: dict[tuple[Any, str], Any], b: dict[tuple[Any, str], Any]) -> list[
 
 def test_patch_replaces_every_function_and_norm_and_unpatch_restores_the_same_objects(modules):
     before = _snapshot(modules)
-    # Every function of every family, and the norm classes (5.15-5.20's NemotronH uses Zamba2's).
-    assert len(before) >= 4 * len(tp.FUNCTIONS) + 3
+    if not LEGACY:  # every function of every family, and the norm classes (5.15-5.20's NemotronH uses Zamba2's)
+        assert len(before) >= 4 * len(tp.FUNCTIONS) + 3
     assert not mamba_tune.is_transformers_patched()
     mamba_tune.patch_transformers()
     assert mamba_tune.is_transformers_patched()
     after_patch = _snapshot(modules)
     for key, original in before.items():
         new = after_patch[key]
-        assert new is not original and new.__wrapped__ is original, f"{key} not replaced"
+        assert new is not original, f"{key} not replaced"
+        if hasattr(new, "mamba_tune_legacy_of"):  # legacy, not provided: reads transformers' lookup at call time
+            continue
         assert new.mamba_tune_runs
+        if callable(original):
+            assert new.__wrapped__ is original, key
     mamba_tune.unpatch_transformers()
     assert not mamba_tune.is_transformers_patched()
     assert not _same(before, _snapshot(modules))
@@ -102,16 +116,21 @@ def test_patching_twice_and_unpatching_twice_are_no_ops(modules):
 
 def test_unpatch_leaves_a_name_someone_else_replaced_after_the_patch(modules):
     module = modules["mamba2"]
-    original = module.mamba2_chunk_scan
+    name = "mamba_chunk_scan_combined" if LEGACY else "mamba2_chunk_scan"
+    original = vars(module).get(name, ABSENT)
     mamba_tune.patch_transformers()
     mine = object()
-    module.mamba2_chunk_scan = mine
+    setattr(module, name, mine)
     try:
         mamba_tune.unpatch_transformers()
-        assert module.mamba2_chunk_scan is mine
-        assert not hasattr(module.causal_conv1d_fn, "mamba_tune_runs")  # the rest is restored
-    finally:
-        module.mamba2_chunk_scan = original  # later tests build real models
+        assert getattr(module, name) is mine
+        rest = vars(module).get("causal_conv1d_fn")  # the rest is restored
+        assert not hasattr(rest, "mamba_tune_runs") and not hasattr(rest, "mamba_tune_legacy_of")
+    finally:  # later tests build real models
+        if original is ABSENT:
+            delattr(module, name)
+        else:
+            setattr(module, name, original)
 
 
 def test_context_manager_restores_the_state_before_it(modules):
@@ -136,14 +155,14 @@ def test_transformers_absent_raises_an_import_error_naming_it(modules, monkeypat
     assert not mamba_tune.is_transformers_patched()
 
 
-def test_transformers_before_5_15_is_refused_with_the_reason(modules, monkeypatch):
-    monkeypatch.setattr(_transformers(), "__version__", "5.14.1")
-    with pytest.raises(mamba_tune.UnsupportedTransformersError, match=r"5\.14\.1 is not supported .*>= 5\.15.*"
-                                                                      r"lazy_load_kernel"):
+def test_transformers_4_is_refused(modules, monkeypatch):
+    monkeypatch.setattr(_transformers(), "__version__", "4.57.1")
+    with pytest.raises(mamba_tune.UnsupportedTransformersError, match=r"4\.57\.1 is not supported .*>= 5\.0\.0"):
         mamba_tune.patch_transformers()
     assert not mamba_tune.is_transformers_patched()
 
 
+@NEW
 def test_a_newer_transformers_is_patched_with_a_warning_when_its_modules_match(modules, monkeypatch):
     monkeypatch.setattr(_transformers(), "__version__", "5.99.0")
     with pytest.warns(MambaTuneWarning, match=r"5\.99\.0 is newer than the tested"):
@@ -151,6 +170,7 @@ def test_a_newer_transformers_is_patched_with_a_warning_when_its_modules_match(m
     assert mamba_tune.is_transformers_patched()
 
 
+@NEW
 def test_a_newer_transformers_whose_modules_changed_is_refused_and_nothing_patched(modules, monkeypatch):
     monkeypatch.setattr(_transformers(), "__version__", "5.99.0")
     before = _snapshot(modules)
@@ -226,6 +246,7 @@ def _run(function: Any, tf_name: str) -> list[Any]:
     return outs
 
 
+@NEW
 @pytest.mark.parametrize("tf_name", list(tp.FUNCTIONS))
 def test_each_function_runs_mamba_tunes_or_says_it_has_none(modules, tf_name):
     name = tp.FUNCTIONS[tf_name]
@@ -307,6 +328,7 @@ def _expected_calls() -> dict[str, str | None]:
     return out
 
 
+@NEW
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_tiny_models_built_patched_call_mamba_tunes_functions(modules, model_type):
     family = next(f for f in tp.FAMILIES if f.model_type == model_type)
@@ -338,6 +360,7 @@ def _quiet_forward(model: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[A
     return out, named
 
 
+@NEW
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_forward_matches_the_models_own_path(modules, model_type, tmp_path):
     torch.manual_seed(0)
@@ -352,6 +375,7 @@ def test_forward_matches_the_models_own_path(modules, model_type, tmp_path):
     assert {"gated_norm_fwd", "ssd_chunk_cumsum", "ssd_chunk_scan"} <= ran, ran
 
 
+@NEW
 @pytest.mark.parametrize("model_type", ["mamba2", "nemotron_h"])
 def test_cached_generation_matches_the_models_own_path(modules, model_type, tmp_path):
     torch.manual_seed(0)
@@ -370,6 +394,7 @@ def test_cached_generation_matches_the_models_own_path(modules, model_type, tmp_
     assert 2 in rows, rows  # batch 2 x one token
 
 
+@NEW
 @pytest.mark.parametrize("model_type", ["mamba2", "nemotron_h"])
 def test_training_step_matches_the_models_own_path(modules, model_type, tmp_path):
     """train(): the fused call first (ours, or None: the unfused path), then loss and every gradient."""
@@ -392,6 +417,7 @@ def test_training_step_matches_the_models_own_path(modules, model_type, tmp_path
     assert {"gated_norm_bwd", "ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx"} <= ran, ran
 
 
+@NEW
 def test_strict_mode_stops_a_training_forward_at_a_function_not_provided(modules):
     missing = tp.not_provided()
     if not missing:
@@ -400,3 +426,89 @@ def test_strict_mode_stops_a_training_forward_at_a_function_not_provided(modules
     with mamba_tune.patched_transformers(strict=True), \
             pytest.raises(NotImplementedError, match=rf"mamba-tune has no ({'|'.join(missing)}) yet"):
         model(hf_tiny.tokens())
+
+
+# --- transformers 5.0-5.14 (run by hand with those versions; CI installs the newest) -----------
+
+
+def _causal_conv1d_stand_in(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                            seq_idx: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+    """causal-conv1d's causal_conv1d_fn in PyTorch: that package (CUDA only) cannot be installed here,
+    and without it these versions' kernel path cannot run at all."""
+    out = torch.nn.functional.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1,
+                                     groups=x.shape[1])[..., : x.shape[-1]]
+    return torch.nn.functional.silu(out) if activation in ("silu", "swish") else out
+
+
+@pytest.fixture
+def conv_stand_in(modules, monkeypatch) -> None:
+    """Each mixer's __init__ finds the stand-in as if causal-conv1d were installed (lazy_load_kernel)."""
+    found = types.SimpleNamespace(causal_conv1d_fn=_causal_conv1d_stand_in, causal_conv1d_update=None)
+    for model_type in ("mamba2", "nemotron_h"):
+        module = modules.get(model_type)
+        if module is not None and hasattr(module, "lazy_load_kernel"):
+            lookup = module.lazy_load_kernel
+            monkeypatch.setattr(module, "lazy_load_kernel",
+                                lambda name, lookup=lookup: found if name == "causal-conv1d" else lookup(name))
+
+
+@OLD
+@pytest.mark.parametrize("model_type", ["mamba2", "nemotron_h"])
+def test_legacy_kernel_path_on_cpu_matches_torch_forward(modules, conv_stand_in, model_type, tmp_path):
+    """The mixers take cuda_kernels_forward only on CUDA: called directly here, on CPU tensors in
+    ref mode, against the same mixer's torch_forward (forward and gradients)."""
+    if not _present(model_type):
+        pytest.skip(f"this transformers has no {model_type}")
+    family = next(f for f in tp.FAMILIES if f.model_type == model_type)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MambaTuneWarning)  # the kernel path lacks the decoding functions here
+        with mamba_tune.patched_transformers():
+            model = hf_tiny.MODELS[model_type]().eval()
+            calls = tp.mixer_functions(model)[family.mixer]
+            mixer = next(m for m in model.modules() if type(m).__name__ == family.mixer)
+            x = torch.randn(2, hf_tiny.SEQLEN, 32, requires_grad=True)
+            with mamba_tune.record_calls(tmp_path / "calls.json"):
+                got = mixer.cuda_kernels_forward(x)
+                (dx_got,) = torch.autograd.grad(got.square().sum(), x)
+    assert calls["mamba_chunk_scan_combined"] == "mamba_tune.mamba_chunk_scan_combined"
+    assert calls["norm"] == "mamba_tune.rmsnorm_fn"
+    want = mixer.torch_forward(x)
+    (dx_want,) = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dx_got, dx_want, atol=1e-4, rtol=1e-4)
+    assert {"gated_norm_bwd", "ssd_chunk_scan", "ssd_chunk_cumsum_bwd"} <= _kernels_run(tmp_path / "calls.json")
+
+
+@OLD
+def test_legacy_mixer_init_keeps_the_patch_and_unpatch_puts_back_transformers_lookup(modules, conv_stand_in):
+    module = modules["mamba2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MambaTuneWarning)
+        mamba_tune.patch_transformers()
+        hf_tiny.mamba2()  # its __init__ assigns the module's globals from lazy_load_kernel
+    assert module.mamba_chunk_scan_combined.mamba_tune_runs == "mamba_tune.mamba_chunk_scan_combined"
+    assert module.causal_conv1d_fn.mamba_tune_legacy_of is module
+    mamba_tune.unpatch_transformers()
+    assert module.causal_conv1d_fn is _causal_conv1d_stand_in  # what transformers' lookup found
+    assert not hasattr(module.mamba_chunk_scan_combined, "mamba_tune_runs")
+    assert "__init__" not in vars(module.Mamba2Mixer) or not hasattr(module.Mamba2Mixer.__init__, "mamba_tune_runs")
+
+
+@OLD
+def test_legacy_kernel_path_that_cannot_run_warns_and_strict_raises(modules):
+    """Here (CPU) transformers finds neither mamba-ssm's kernels nor causal-conv1d."""
+    lacking = [n for n in tp.LEGACY_FUNCTIONS if tp.provided(n) is None]
+    if not lacking:
+        pytest.skip("mamba-tune provides every function")
+    with pytest.warns(MambaTuneWarning, match=r"modeling_mamba2: the mixers' kernel path .* needs .*torch_forward"):
+        mamba_tune.patch_transformers()
+        model = hf_tiny.mamba2()
+    assert tp.mixer_functions(model)["Mamba2Mixer"]["path"].startswith("torch_forward")
+    mamba_tune.unpatch_transformers()
+    # Strict: the patch itself refuses (the globals are known since a mixer was built), or the next mixer's
+    # __init__ does; either way nothing stays patched.
+    with pytest.raises(NotImplementedError, match=r"kernel path .*\(strict=True\) refuses"), \
+            mamba_tune.patched_transformers(strict=True):
+        hf_tiny.mamba2()
+    assert not mamba_tune.is_transformers_patched()
