@@ -62,6 +62,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -155,10 +156,10 @@ def is_transformers_patched() -> bool:
 
 def provided(name: str) -> Callable[..., Any] | None:
     """mamba-tune's function `name` (e.g. "causal_conv1d_fn"), or None where it has none yet."""
-    import mamba_tune
-
+    # The package's public names (its lazy table); no import: a submodule's package is loaded first.
+    package = sys.modules[__package__]
     try:
-        return getattr(mamba_tune, name)
+        return getattr(package, name)
     except AttributeError:
         return None
 
@@ -523,8 +524,6 @@ def mixer_functions(model: torch.nn.Module) -> dict[str, dict[str, str]]:
     (or, unpatched, "transformers: <what it picked>"). The norm is listed as "norm"; for
     transformers 5.0-5.14, "path" says which forward the mixers take on CUDA.
     """
-    import sys
-
     out: dict[str, dict[str, str]] = {}
     by_mixer = {family.mixer: family for family in FAMILIES}
     for sub in model.modules():
