@@ -137,7 +137,8 @@ class UnsupportedTransformersError(RuntimeError):
 @dataclasses.dataclass
 class _State:
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
-    # (owner, attribute) -> the original object (_ABSENT: the attribute was inherited).
+    # (owner, attribute) -> the original object (_ABSENT: not there: inherited, or, 5.0-5.14,
+    # not set yet by a mixer's __init__).
     originals: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
     # (owner, attribute) -> what was put there (to restore only what is still ours).
     installed: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
@@ -159,9 +160,10 @@ def provided(name: str) -> Callable[..., Any] | None:
     # The package's public names (its lazy table); no import: a submodule's package is loaded first.
     package = sys.modules[__package__]
     try:
-        return getattr(package, name)
+        value = getattr(package, name)
     except AttributeError:
         return None
+    return value if callable(value) else None  # a submodule of that name is not the function
 
 
 def not_provided() -> list[str]:
