@@ -3,14 +3,16 @@
 Drop-in replacements for the mamba-ssm API; each kernel runs the config tuned for the
 current GPU from the bundles in `generated_configs/` (see `mamba_tune.runtime`).
 `patch_mamba_ssm()` (or MAMBA_TUNE_PATCH_MAMBA_SSM=1 at import) makes mamba-ssm's own
-modules call them (see `mamba_tune.patch`).
+modules call them (see `mamba_tune.patch`); `patch_transformers()` (or
+MAMBA_TUNE_PATCH_TRANSFORMERS=1) does the same for transformers' Mamba-2 mixers (see
+`mamba_tune.transformers_patch`).
 `record_calls(path)` (or MAMBA_TUNE_RECORD=path) records which kernel keys run (see
 `mamba_tune.record`).
 
 The names below load on first use (PEP 562), so that the torch-free modules
 (`mamba_tune.bundle`, `mamba_tune.vocab`) can be imported without torch and helion: the
 `mamba-tune` commands that only read specs and bundles start in a fraction of a second.
-Only when MAMBA_TUNE_PATCH_MAMBA_SSM or MAMBA_TUNE_RECORD is set does `import mamba_tune`
+Only when MAMBA_TUNE_PATCH_MAMBA_SSM, MAMBA_TUNE_PATCH_TRANSFORMERS or MAMBA_TUNE_RECORD is set does `import mamba_tune`
 load the kernels (to patch, to record).
 
 The folder is `kernels/` but the import name is `mamba_tune`: `kernels` is the import name of
@@ -42,7 +44,14 @@ if TYPE_CHECKING:
     from mamba_tune.runtime import Mode, configure
     from mamba_tune.ssd import mamba_chunk_scan_combined
     from mamba_tune.ssd.selective_state_update import selective_state_update
-
+    from mamba_tune.transformers_patch import (
+        TransformersNotInstalledError,
+        UnsupportedTransformersError,
+        is_transformers_patched,
+        patch_transformers,
+        patched_transformers,
+        unpatch_transformers,
+    )
 
 
 def _hand_over_the_name(name: str) -> None:
@@ -72,17 +81,23 @@ _WHERE = {
     "RMSNormGated": "mamba_tune.norm",
     "causal_conv1d_fn": "mamba_tune.conv1d",
     "causal_conv1d_update": "mamba_tune.conv1d",
+    "TransformersNotInstalledError": "mamba_tune.transformers_patch",
+    "UnsupportedTransformersError": "mamba_tune.transformers_patch",
     "configure": "mamba_tune.runtime",
     "is_patched": "mamba_tune.patch",
+    "is_transformers_patched": "mamba_tune.transformers_patch",
     "layernorm_fn": "mamba_tune.norm",
     "mamba_chunk_scan_combined": "mamba_tune.ssd",
     "mamba_split_conv1d_scan_combined": "mamba_tune.layer",
     "patch_mamba_ssm": "mamba_tune.patch",
+    "patch_transformers": "mamba_tune.transformers_patch",
     "patched_mamba_ssm": "mamba_tune.patch",
+    "patched_transformers": "mamba_tune.transformers_patch",
     "record_calls": "mamba_tune.record",
     "rmsnorm_fn": "mamba_tune.norm",
     "selective_state_update": "mamba_tune.ssd.selective_state_update",
     "unpatch_mamba_ssm": "mamba_tune.patch",
+    "unpatch_transformers": "mamba_tune.transformers_patch",
 }
 
 __all__ = [
@@ -92,22 +107,28 @@ __all__ = [
     "RMSNormGated",
     "causal_conv1d_fn",
     "causal_conv1d_update",
+    "TransformersNotInstalledError",
+    "UnsupportedTransformersError",
     "configure",
     "is_patched",
+    "is_transformers_patched",
     "layernorm_fn",
     "mamba_chunk_scan_combined",
     "mamba_split_conv1d_scan_combined",
     "patch_mamba_ssm",
+    "patch_transformers",
     "patched_mamba_ssm",
+    "patched_transformers",
     "record_calls",
     "rmsnorm_fn",
     "selective_state_update",
     "unpatch_mamba_ssm",
+    "unpatch_transformers",
 ]
 
 
 # Submodules that `import mamba_tune` used to load, still reachable as attributes.
-_SUBMODULES = ("bundle", "layer", "norm", "patch", "record", "runtime", "ssd", "vocab")
+_SUBMODULES = ("bundle", "conv1d", "layer", "norm", "patch", "record", "runtime", "ssd", "transformers_patch", "vocab")
 
 
 def __getattr__(name: str) -> Any:
@@ -128,6 +149,9 @@ def __dir__() -> list[str]:
 # nothing loads here. mamba_tune.patch checks the value.
 if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_PATCH_MAMBA_SSM", "").strip() not in ("", "0"):
     importlib.import_module("mamba_tune.patch").patch_from_env()
+# MAMBA_TUNE_PATCH_TRANSFORMERS=1 (or strict) patches transformers' Mamba-2 mixers the same way.
+if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_PATCH_TRANSFORMERS", "").strip() not in ("", "0"):
+    importlib.import_module("mamba_tune.transformers_patch").patch_from_env()
 # MAMBA_TUNE_RECORD=FILE records the whole process's kernel keys from `import mamba_tune` on.
 if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_RECORD"):
     importlib.import_module("mamba_tune.record").start_from_env()
