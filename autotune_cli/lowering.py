@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,35 +189,32 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
     return problems
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Lower every kernel's default config at LOWERING_SHAPES, every search seed at
-    SEED_SHAPES, and every committed bundle config."""
+    SEED_SHAPES, and every committed bundle config. `--shard I/N` does the I-th of N
+    interleaved parts of that work (the kernels, then the bundles), so that N processes can
+    share it."""
     from mamba_tune.bundle import BundleError, find_bundles, load_bundle
     from mamba_tune.runtime import default_bundle_paths
 
+    args = sys.argv[1:] if argv is None else argv
+    index, count = 0, 1
+    if args:
+        if len(args) != 2 or args[0] != "--shard" or not re.fullmatch(r"\d+/[1-9]\d*", args[1]):
+            print("usage: python -m autotune_cli.lowering [--shard I/N]  (0 <= I < N)", file=sys.stderr)
+            return 2
+        index, count = map(int, args[1].split("/"))
+        if index >= count:
+            print(f"--shard {args[1]}: I must be below N", file=sys.stderr)
+            return 2
+    work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
+    work += [("bundle", path) for path in find_bundles(default_bundle_paths())]
     failures = 0
-    for tk in all_kernels().values():
-        for shape in SEED_SHAPES:
-            dims = tk.dims_for(shape)
-            if tk.seed_configs is None or dims is None:
-                continue
-            bad_seeds = check_seeds(tk, dims, "bf16")
-            failures += len(bad_seeds)
-            for why in bad_seeds:
-                print(f"FAIL {tk.name} {dims}: {why}")
-            print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds at {dims}")
-        for shape in LOWERING_SHAPES:
-            dims = tk.dims_for(shape)
-            if dims is None:
-                continue
-            for dtype in ("bf16", "fp32"):
-                try:
-                    lower(tk, dims, dtype, None)
-                    print(f"ok   {tk.name} {dims} {dtype} default config")
-                except Exception as e:
-                    failures += 1
-                    print(f"FAIL {tk.name} {dims} {dtype} default config: {type(e).__name__}: {e}")
-    for path in find_bundles(default_bundle_paths()):
+    for kind, item in work[index::count]:
+        if kind == "kernel":
+            failures += _lower_kernel(item)
+            continue
+        path = item
         try:
             bundle = load_bundle(path)
         except BundleError as e:
@@ -229,6 +228,32 @@ def main() -> int:
         print(f"{'ok  ' if not bad else 'FAIL'} {path}: {len(bundle.entries) - len(bad)}/{len(bundle.entries)} "
               "configs lower")
     return 1 if failures else 0
+
+
+def _lower_kernel(tk: TunableKernel) -> int:
+    """Check the kernel's seeds and lower its default configs; the number of failures."""
+    failures = 0
+    for shape in SEED_SHAPES:
+        dims = tk.dims_for(shape)
+        if tk.seed_configs is None or dims is None:
+            continue
+        bad_seeds = check_seeds(tk, dims, "bf16")
+        failures += len(bad_seeds)
+        for why in bad_seeds:
+            print(f"FAIL {tk.name} {dims}: {why}")
+        print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds at {dims}")
+    for shape in LOWERING_SHAPES:
+        dims = tk.dims_for(shape)
+        if dims is None:
+            continue
+        for dtype in ("bf16", "fp32"):
+            try:
+                lower(tk, dims, dtype, None)
+                print(f"ok   {tk.name} {dims} {dtype} default config")
+            except Exception as e:
+                failures += 1
+                print(f"FAIL {tk.name} {dims} {dtype} default config: {type(e).__name__}: {e}")
+    return failures
 
 
 if __name__ == "__main__":

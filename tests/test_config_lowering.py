@@ -12,20 +12,38 @@ import sys
 
 import pytest
 
+from autotune_cli.tuning import all_kernels
 from mamba_tune.bundle import find_bundles, load_bundle
 from mamba_tune.runtime import default_bundle_paths
 
 pytestmark = pytest.mark.slow
 
 
+# Processes that share the lowering (`--shard I/N`): CI's machine has two cores.
+SHARDS = 2
+
+
 def test_default_configs_and_committed_bundles_lower(clean_env):
-    r = subprocess.run([sys.executable, "-m", "autotune_cli.lowering"], env=clean_env, capture_output=True,
-                       text=True, timeout=1200)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert "FAIL" not in r.stdout
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{SHARDS}"],
+                              env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(SHARDS)]
+    outs = [p.communicate(timeout=1200) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, (out + err)[-4000:]
+    stdout = "".join(out for out, _ in outs)
+    assert "FAIL" not in stdout
+    for name in all_kernels():  # every kernel, in one shard or the other
+        assert f"ok   {name} " in stdout, name
     for path in find_bundles(default_bundle_paths()):
         n = len(load_bundle(path).entries)
-        assert f"{path}: {n}/{n} configs lower" in r.stdout
+        assert stdout.count(f"{path}: {n}/{n} configs lower") == 1
+
+
+def test_lowering_shards_reject_bad_arguments(clean_env):
+    for bad in (["--shard", "2/2"], ["--shard", "x"], ["--bogus"]):
+        r = subprocess.run([sys.executable, "-m", "autotune_cli.lowering", *bad], env=clean_env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.strip(), bad
 
 
 NORM_VARIANTS = """
