@@ -19,7 +19,9 @@ The folder is `kernels/` but the import name is `mamba_tune`: `kernels` is the i
 Hugging Face's kernels package, which transformers imports when it is installed. Imported
 as `kernels` (a script or `python -m pytest` run in the repository's root puts this folder
 on the path under that name), this package hands the name over to Hugging Face's package
-where that is installed, and otherwise fails with an ImportError saying how to import it.
+where that is installed. Otherwise `kernels` becomes an empty module that reads as not installed
+(transformers' probe for Hugging Face's package then says no, as it would elsewhere), and any
+name looked up in it raises an error saying to import `mamba_tune`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,7 +59,9 @@ if TYPE_CHECKING:
 
 def _hand_over_the_name(name: str) -> None:
     """Imported as `name` (not `mamba_tune`): load the package of that name that is not this
-    folder (Hugging Face's kernels) in this module's place, or raise ImportError."""
+    folder (Hugging Face's kernels) in this module's place. Where there is none, leave an empty
+    module in its place that reads as not installed (no `__file__`, no version: what transformers'
+    probe takes for a folder shadowing the name) and names `mamba_tune` on any other use."""
     from importlib.machinery import PathFinder
     from importlib.util import module_from_spec
 
@@ -64,11 +69,25 @@ def _hand_over_the_name(name: str) -> None:
     others = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
     spec = PathFinder.find_spec(name, others)
     if spec is None or spec.loader is None:
-        raise ImportError(f"{os.path.dirname(__file__)} is mamba-tune's kernel library: import it as "
-                          f"`mamba_tune` (pip install -e {root}), not as `{name}`", name=name)
+        sys.modules[name] = _NotInstalled(name, f"{os.path.dirname(__file__)} is mamba-tune's kernel library: "
+                                                f"import it as `mamba_tune` (pip install -e {root}), not as `{name}`")
+        return
     module = module_from_spec(spec)
     sys.modules[name] = module  # what the running `import` statement returns
     spec.loader.exec_module(module)
+
+
+class _NotInstalled(types.ModuleType):
+    """What `import kernels` gives in the repository's root when Hugging Face's package is absent."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(name, message)
+        self.__file__ = None
+        self.__path__: list[str] = []
+        self._message = message
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AttributeError(f"{self._message} (no attribute {attr!r})", name=attr, obj=self)
 
 
 if __name__ != "mamba_tune":

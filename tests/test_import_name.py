@@ -3,7 +3,7 @@
 Run from the repository's root (a script there, `python -m pytest`), the folder is on the path
 under the name `kernels`, ahead of site-packages. Imported under that name it hands the name to
 Hugging Face's kernels package where that is installed (transformers imports it to load hub
-kernels), and otherwise fails saying how to import the project.
+kernels), and otherwise reads as not installed and says how to import the project.
 """
 
 from __future__ import annotations
@@ -44,14 +44,44 @@ def test_the_project_imports_as_mamba_tune():
     assert Path(where).resolve() == ROOT / "kernels" / "__init__.py" and module == "mamba_tune.norm.gated"
 
 
-def test_without_hugging_face_kernels_the_old_name_says_what_to_import():
+def test_without_hugging_face_kernels_the_old_name_reads_as_not_installed_and_says_what_to_import():
     # The path without site-packages: no Hugging Face kernels package to hand the name to.
     code = ("import sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p and 'dist-packages' not in p]; "
-            "import kernels")
+            "import kernels; print(kernels.__file__, getattr(kernels, '__version__', 'N/A')); kernels.rmsnorm_fn")
     r = run_in_root(code)
-    assert r.returncode == 1
+    assert r.returncode == 1 and r.stdout.split() == ["None", "N/A"], (r.stdout, r.stderr)
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: ") and "import it as `mamba_tune`" in last, r.stderr
+    assert last.startswith("AttributeError: ") and "import it as `mamba_tune`" in last, r.stderr
+
+
+# Run first in a process that must not see Hugging Face's kernels package (nor its metadata).
+HIDE_HF_KERNELS = """
+import importlib.machinery as m
+find_spec, find_distributions = m.PathFinder.find_spec, m.PathFinder.find_distributions
+def hidden(origin):
+    return 'site-packages' in str(origin) or 'dist-packages' in str(origin)
+def spec_without(name, path=None, target=None):
+    spec = find_spec(name, path, target)
+    return None if name == 'kernels' and spec is not None and hidden(spec.origin) else spec
+def distributions_without(*args, **kw):
+    return (d for d in find_distributions(*args, **kw) if d.metadata['Name'] != 'kernels')
+m.PathFinder.find_spec = staticmethod(spec_without)
+m.PathFinder.find_distributions = staticmethod(distributions_without)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers (the test extra)")
+def test_transformers_imports_in_the_checkout_without_hugging_face_kernels():
+    # Found on the H200 image (transformers 5.17, no Hugging Face kernels): run from the root,
+    # transformers' probe found this folder as `kernels`, imported it, and every Mamba-2 model's
+    # import failed. Now the probe says "not installed", as it does outside the checkout.
+    code = HIDE_HF_KERNELS + (
+        "from transformers.utils import is_kernels_available; "
+        "from transformers import Mamba2ForCausalLM, NemotronHForCausalLM; "
+        "import sys; print(is_kernels_available(), type(sys.modules['kernels']).__name__)")
+    r = run_in_root(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False", "_NotInstalled"]
 
 
 @pytest.mark.skipif(not hf_kernels_installed(), reason="Hugging Face's kernels package is not installed "

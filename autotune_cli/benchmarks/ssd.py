@@ -127,7 +127,7 @@ def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         tk = get(name)
         dims = tk.dims_for(shape)
         problem = tk.make_problem(dims, dtype, torch.device("cuda"), 0)
-        ours = gpu_median_ms(lambda tk=tk, args=problem.args: runtime.run(tk, args), rep_ms, warmup_ms=max(rep_ms // 8, 5))
+        ours = gpu_median_ms(lambda tk=tk, args=problem.args: runtime.run(tk.runtime, args), rep_ms, warmup_ms=max(rep_ms // 8, 5))
         base = tk.make_baseline(dims, dtype, torch.device("cuda"), 0) if tk.make_baseline else None
         out[stage] = (ours, None if base is None else gpu_median_ms(base.fn, rep_ms, warmup_ms=max(rep_ms // 8, 5)), None if base is None else base.name)
     return out
