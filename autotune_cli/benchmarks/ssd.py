@@ -116,21 +116,31 @@ def gpu_activities(fn: Callable[[], Any]) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
-                       stages: Collection[str]) -> dict[str, tuple[float, float | None, str | None]]:
+def bwd_kernel_calls(shape: ModelShape, dtype: torch.dtype, device: torch.device, stages: Collection[str]
+                     ) -> dict[str, tuple[Callable[[], Any], Any]]:
+    """Stage -> (our backward kernel on its tuning problem, through the runtime; mamba-ssm's
+    matching kernels as a `Baseline`, or None) for each backward-kernel stage in `stages`."""
     from autotune_cli.tuning import get
 
-    out: dict[str, tuple[float, float | None, str | None]] = {}
+    out: dict[str, tuple[Callable[[], Any], Any]] = {}
     for stage, name in BWD_KERNELS.items():
         if stage not in stages:
             continue
         tk = get(name)
         dims = tk.dims_for(shape)
-        problem = tk.make_problem(dims, dtype, torch.device("cuda"), 0)
-        ours = gpu_median_ms(lambda tk=tk, args=problem.args: runtime.run(tk.runtime, args), rep_ms, warmup_ms=max(rep_ms // 8, 5))
-        base = tk.make_baseline(dims, dtype, torch.device("cuda"), 0) if tk.make_baseline else None
-        out[stage] = (ours, None if base is None else gpu_median_ms(base.fn, rep_ms, warmup_ms=max(rep_ms // 8, 5)), None if base is None else base.name)
+        problem = tk.make_problem(dims, dtype, device, 0)
+        base = tk.make_baseline(dims, dtype, device, 0) if tk.make_baseline and device.type == "cuda" else None
+        out[stage] = (lambda rk=tk.runtime, args=problem.args: runtime.run(rk, args)), base
     return out
+
+
+def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
+                       stages: Collection[str]) -> dict[str, tuple[float, float | None, str | None]]:
+    warm = max(rep_ms // 8, 5)
+    return {stage: (gpu_median_ms(ours, rep_ms, warmup_ms=warm),
+                    None if base is None else gpu_median_ms(base.fn, rep_ms, warmup_ms=warm),
+                    None if base is None else base.name)
+            for stage, (ours, base) in bwd_kernel_calls(shape, dtype, torch.device("cuda"), stages).items()}
 
 
 def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,

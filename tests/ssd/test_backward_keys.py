@@ -52,3 +52,22 @@ def test_the_mixer_calls_backward_keys_that_the_nano_spec_tunes():
     assert sorted(planned) == sorted(BWD)
     assert all(c.dtype == "bf16" for c in planned.values())
     assert planned["ssd_chunk_state_passing_bwd"].dims["has_dfinal"] == 0
+
+
+def test_bench_backward_kernel_rows_run_each_kernel_through_the_runtime(tmp_path):
+    # `bench --family ssd --ssd-stage bwd_dx` (and the other three) crashed on the H200: it handed
+    # the runtime the tuning record instead of the kernel. On the CPU (ref mode) each row's call runs,
+    # and the runtime resolves (and here records) the kernel's own key.
+    from autotune_cli.benchmarks.ssd import BWD_KERNELS, bwd_kernel_calls
+    from autotune_cli.kernel_keys import ModelShape
+
+    shape = ModelShape(batch=1, seqlen=96, nheads=4, headdim=8, ngroups=2, dstate=8, chunk_size=32)
+    calls = bwd_kernel_calls(shape, torch.float32, torch.device("cpu"), list(BWD_KERNELS) + ["total"])
+    assert sorted(calls) == sorted(BWD_KERNELS)
+    with mamba_tune.record_calls(tmp_path / "calls.json"):
+        for stage, (ours, base) in calls.items():
+            out = ours()
+            outs = out if isinstance(out, tuple) else (out,)
+            assert base is None and all(torch.isfinite(t).all() for t in outs if isinstance(t, torch.Tensor)), stage
+    recorded = json.loads((tmp_path / "calls.json").read_text())
+    assert sorted({c["kernel"] for c in recorded["calls"].values()}) == sorted(BWD_KERNELS.values()), recorded
