@@ -25,6 +25,7 @@ class Family(str, enum.Enum):
     norm = "norm"
     ssd = "ssd"
     layer = "layer"
+    module = "module"
     all = "all"
 
 
@@ -51,7 +52,7 @@ def _layer_shapes(models: list[str], tps: list[int], batch: int, seqlen: int) ->
 
 
 def bench_command(
-    family: Annotated[Family, typer.Option(metavar="norm|ssd|layer|all", help="Which kernels to time (layer: one whole Mamba-2 layer, forward and backward, and its stages).")] = Family.norm,
+    family: Annotated[Family, typer.Option(metavar="norm|ssd|layer|module|all", help="Which kernels to time (layer: one whole Mamba-2 layer, forward and backward, and its stages; module: mamba-ssm's Mamba2 module patched vs unpatched, not part of all).")] = Family.norm,
     model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset).")] = None,
     tp: Annotated[list[int] | None, typer.Option(metavar="N", help="Tensor-parallel degree (repeatable; default 1).")] = None,
     batch: Annotated[int, typer.Option(metavar="N", help="Batch size.", min=1)] = 2,
@@ -63,11 +64,13 @@ def bench_command(
         help="SSD rows to time (repeatable; default: all). E.g. total, total_wall, total_seq_idx, bmm.")] = None,
     layer_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
         help="Layer rows to time (repeatable; default: all). E.g. layer_fwd_bwd, layer_fwd, ssd_bwd.")] = None,
+    module_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
+        help="Module rows to time (repeatable; default: all). E.g. module_fwd_mem_eff, module_train_step_unfused.")] = None,
     config_mode: Annotated[ConfigMode | None, typer.Option(metavar="exact|nearest|default", 
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
-    from autotune_cli.benchmarks.common import LAYER_STAGES, SSD_STAGES
+    from autotune_cli.benchmarks.common import LAYER_STAGES, MODULE_STAGES, SSD_STAGES
 
     bad = sorted(set(ssd_stage or ()) - set(SSD_STAGES))
     if bad:
@@ -79,10 +82,15 @@ def bench_command(
         fail(f"--layer-stage {bad[0]!r}: unknown; known: {', '.join(LAYER_STAGES)}")
     if layer_stage and family not in (Family.layer, Family.all):
         fail("--layer-stage: only with --family layer or all")
+    bad = sorted(set(module_stage or ()) - set(MODULE_STAGES))
+    if bad:
+        fail(f"--module-stage {bad[0]!r}: unknown; known: {', '.join(MODULE_STAGES)}")
+    if module_stage and family is not Family.module:
+        fail("--module-stage: only with --family module")
     models = model or list(MODEL_PRESETS)
     shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
-    layer_shapes = (_layer_shapes(models, tp or [1], batch, seqlen) if family in (Family.layer, Family.all)
-                    else [None] * len(shapes))
+    layer_shapes = (_layer_shapes(models, tp or [1], batch, seqlen)
+                    if family in (Family.layer, Family.module, Family.all) else [None] * len(shapes))
     import torch
 
     if not torch.cuda.is_available():
@@ -116,6 +124,17 @@ def bench_command(
             from autotune_cli.benchmarks.layer import bench_layer
         except ImportError as e:
             fail(f"the layer benchmark is not available: {e}")
+    if family is Family.module:
+        try:
+            import mamba_ssm.modules.mamba2  # noqa: F401  (the module it times)
+
+            import mamba_tune
+            from autotune_cli.benchmarks.module import bench_module
+        except ImportError as e:
+            fail(f"the module benchmark needs mamba-ssm's Mamba2: {e}")
+        if mamba_tune.is_patched():
+            fail("--family module: mamba-ssm is patched already (MAMBA_TUNE_PATCH_MAMBA_SSM?): "
+                 "the baseline would run mamba-tune's kernels; unset it")
     t0 = time.monotonic()
     # One model shape at a time, with the JSON rewritten after each: a run stopped part way
     # (a device time limit) keeps what it measured, marked "complete": false.
@@ -126,6 +145,8 @@ def bench_command(
             rows += bench_ssd([shape], torch_dtype, 200, stages=ssd_stage or SSD_STAGES)
         if family in (Family.layer, Family.all):
             rows += bench_layer([lshape], torch_dtype, 200, stages=layer_stage or LAYER_STAGES)
+        if family is Family.module:
+            rows += bench_module([lshape], torch_dtype, 200, stages=module_stage or MODULE_STAGES)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)

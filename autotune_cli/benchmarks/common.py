@@ -19,6 +19,11 @@ SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passi
 # The rows `bench --family layer` can time (benchmarks/layer.py documents each).
 LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm",
                 "out_proj", "conv1d_bwd", "ssd_bwd", "norm_bwd")
+# The rows `bench --family module` can time (benchmarks/module.py documents each): every kind for
+# Mamba2's fused path (use_mem_eff_path=True, suffix _mem_eff), then for its unfused path (_unfused).
+MODULE_STAGES = tuple(f"{kind}_{path}" for path in ("mem_eff", "unfused")
+                      for kind in ("module_fwd", "module_fwd_wall", "module_fwd_graph", "module_train_step",
+                                   "module_train_step_wall", "module_train_step_graph"))
 
 
 def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:
