@@ -138,8 +138,11 @@ def decode_dims(shape: ModelShape) -> dict[str, int]:
 # The causal conv1d over xBC (mamba_tune.conv1d): the Mamba-2 mixer's call.
 CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
                    "channel_last")
-CONV1D_BWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states",
-                   "has_dinitial_states", "has_dfinal", "silu", "channel_last")
+# The backward's two kernels: dpre with dweight and dbias (what the forward reads), then dx
+# from dpre (the final states' gradient in, the initial states' out).
+CONV1D_BWD_DIMS = CONV1D_FWD_DIMS
+CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
+                      "channel_last")
 CONV1D_UPDATE_DIMS = ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens",
                       "has_state_indices")
 # d_conv of every model preset (autotune_cli.presets): the conv's width.
@@ -157,8 +160,12 @@ def conv1d_fwd_dims(shape: ModelShape) -> dict[str, int]:
 
 
 def conv1d_bwd_dims(shape: ModelShape) -> dict[str, int]:
-    dims = conv1d_fwd_dims(shape)
-    return pick({**dims, "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_DIMS)
+    return pick(conv1d_fwd_dims(shape), CONV1D_BWD_DIMS)
+
+
+def conv1d_bwd_dx_dims(shape: ModelShape) -> dict[str, int]:
+    """The mixer's backward asks for no initial states' gradient and has no final states."""
+    return pick({**conv1d_fwd_dims(shape), "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_DX_DIMS)
 
 
 def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
@@ -191,6 +198,8 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_fwd_kernel"),
     KernelKey("causal_conv1d_bwd", "conv1d", CONV1D_BWD_DIMS, conv1d_bwd_dims,
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
+    KernelKey("causal_conv1d_bwd_dx", "conv1d", CONV1D_BWD_DX_DIMS, conv1d_bwd_dx_dims,
+              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_dx_kernel"),
     KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,
               "mamba_tune.conv1d.update:causal_conv1d_update_kernel"),
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),

@@ -6,6 +6,12 @@ sequences (`autotune_cli.kernel_keys.conv1d_fwd_dims`); its decode step takes on
 position per row with a (batch, dim, d_conv) state (`conv1d_update_dims`). The baseline is the causal-conv1d
 package where it is importable (a CUDA extension many installs lack), else eager torch
 (`F.conv1d`, and autograd through it for the backward); the baseline's name says which.
+
+The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32, with
+dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
+first one's baseline is the package's whole backward (dx included: the sum of both
+kernels' times is what compares with it); the second has none (no library runs that
+stencil alone).
 """
 
 from __future__ import annotations
@@ -14,8 +20,14 @@ import importlib.metadata
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from autotune_cli.kernel_keys import conv1d_bwd_dims, conv1d_fwd_dims, conv1d_update_dims
+from autotune_cli.kernel_keys import (
+    conv1d_bwd_dims,
+    conv1d_bwd_dx_dims,
+    conv1d_fwd_dims,
+    conv1d_update_dims,
+)
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from mamba_tune.conv1d import causal_conv1d as conv
@@ -28,6 +40,10 @@ def _fwd_dims_for(shape: ModelShape) -> dict[str, int]:
 
 def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
     return conv1d_bwd_dims(shape)
+
+
+def _bwd_dx_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_bwd_dx_dims(shape)
 
 
 def _update_dims_for(shape: ModelShape) -> dict[str, int]:
@@ -70,6 +86,22 @@ class ConvInputs:
         out, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states,
                                         "silu" if self.silu else None, upcast=upcast)
         return {"out": out.float()}
+
+    def dpre(self, upcast: bool) -> torch.Tensor:
+        """dout * silu'(pre) (dout without SiLU) of the reference, 0 at padding positions
+        (their output is a constant 0), as float32."""
+        pre, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states, None,
+                                        upcast=upcast)
+        dout = self.dout.float() if upcast else self.dout.to(pre.dtype)
+        if self.silu:
+            pre = pre.detach().requires_grad_()
+            with torch.enable_grad():
+                (dpre,) = torch.autograd.grad(F.silu(pre), [pre], dout)
+        else:
+            dpre = dout
+        if self.seq_idx is not None:
+            dpre = dpre * (self.seq_idx >= 0)[:, None].to(dpre.dtype)
+        return dpre.float()
 
     def grads(self, upcast: bool) -> dict[str, torch.Tensor]:
         """Gradients of the reference (fp32, or eager torch in the inputs' dtype)."""
@@ -114,26 +146,81 @@ def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
 
 def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     inp = ConvInputs(dims, dtype, device, seed)
-    dx = conv._like(inp.x)
-    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
-    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit, inp.width,
-            inp.silu)
+    dpre = conv._like(inp.x, torch.float32)
+    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, dpre, inp.width, inp.silu)
 
     def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-        got = {"dx": res[0].float(), "dweight": res[1].t().float()}
+        got = {"dpre": res[0], "dweight": res[1].t().float()}
         if inp.bias is not None:
             got["dbias"] = res[2].float()
+        return got
+
+    def reference(upcast: bool) -> dict[str, torch.Tensor]:
+        grads = inp.grads(upcast)
+        ref = {"dpre": inp.dpre(upcast), "dweight": grads["dweight"]}
+        if inp.bias is not None:
+            ref["dbias"] = grads["dbias"]
+        return ref
+
+    n = inp.x.numel()
+    return Problem(
+        args=args,
+        reference=lambda: reference(True),
+        lowp_reference=lambda: reference(False),
+        outputs=outputs,
+        # x and dout read, dpre (fp32) written.
+        bytes_moved=_bytes(inp, 2) + 4 * n,
+        flops=(4 * inp.width + (6 if inp.silu else 0)) * n,
+    )
+
+
+def _make_bwd_dx_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    # The inputs' initial states only give dinitial_states its shape (the conv is linear in them).
+    inp = ConvInputs({**dims, "has_initial_states": dims["has_dinitial_states"]}, dtype, device, seed)
+    # dpre as the first kernel writes it (the dims name no SiLU: dout in fp32, 0 at padding).
+    dpre = conv._like(inp.x, torch.float32)
+    dpre.copy_(inp.dpre(upcast=True))
+    dx = conv._like(inp.x)
+    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
+    args = (dpre, inp.weight, inp.seq_idx, inp.dfinal, dx, dinit, inp.width)
+
+    def outputs(res: torch.Tensor) -> dict[str, torch.Tensor]:
+        got = {"dx": res.float()}
         if dinit is not None:
             got["dinitial_states"] = dinit.float()
         return got
 
+    def reference(upcast: bool) -> dict[str, torch.Tensor]:
+        """Gradients of the conv without bias and activation (linear: any x gives them) for
+        an output gradient of dpre, in fp32 or eager in the inputs' dtype."""
+        cast = (lambda t: t.float()) if upcast else (lambda t: t.to(dtype))
+        x = torch.zeros_like(cast(inp.x)).requires_grad_()
+        leaves = [x]
+        init = None
+        if dinit is not None:
+            init = torch.zeros_like(cast(inp.initial_states)).requires_grad_()
+            leaves.append(init)
+        with torch.enable_grad():
+            out, final = causal_conv1d_ref(x, inp.weight, None, inp.seq_idx, init, None, upcast=upcast)
+            outs, grads_out = [out], [cast(dpre)]
+            if inp.dfinal is not None:
+                outs.append(final)
+                grads_out.append(cast(inp.dfinal))
+            grads = torch.autograd.grad(outs, leaves, grads_out)
+        ref = {"dx": grads[0].float()}
+        if dinit is not None:
+            ref["dinitial_states"] = grads[1].float()
+        return ref
+
+    n = inp.x.numel()
     return Problem(
         args=args,
-        reference=lambda: inp.grads(upcast=True),
-        lowp_reference=lambda: inp.grads(upcast=False),
+        reference=lambda: reference(True),
+        lowp_reference=lambda: reference(False),
         outputs=outputs,
-        bytes_moved=_bytes(inp, 3),
-        flops=(6 if inp.silu else 4) * inp.x.numel() * inp.width,
+        # dpre (fp32) read, dx written.
+        bytes_moved=4 * n + _bytes(inp, 1),
+        flops=2 * inp.width * n,
     )
 
 
@@ -248,7 +335,8 @@ def _baseline_bwd(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     def fn() -> Any:
         return torch.autograd.grad(out, leaves, inp.dout, retain_graph=True)
 
-    return Baseline(name, fn)
+    # The whole backward (dx too): compare it with both kernels' times together.
+    return Baseline(f"{name}, whole backward (dx too)", fn)
 
 
 def _baseline_update(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
@@ -298,6 +386,12 @@ def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
+def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # A stencil like the forward: the forward's tiles.
+    return _unique([conv.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
+                   + [conv.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
+
+
 def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     return _unique([update.CAUSAL_CONV1D_UPDATE.default_config(dims)]
                    + [update.config(bd, w) for bd, w in ((64, 2), (256, 4), (512, 8))])
@@ -318,8 +412,17 @@ CAUSAL_CONV1D_BWD = TunableKernel(
     make_problem=_make_bwd_problem,
     make_baseline=_baseline_bwd,
     seed_configs=_bwd_seeds,
-    description="causal depthwise conv1d backward: dx, dweight, dbias, dinitial_states "
-                "(causal-conv1d causal_conv1d_bwd)",
+    description="causal depthwise conv1d backward, first kernel: dpre = dout * silu'(pre) (fp32), dweight, dbias "
+                "(with causal_conv1d_bwd_dx: causal-conv1d causal_conv1d_bwd)",
+)
+
+CAUSAL_CONV1D_BWD_DX = TunableKernel(
+    runtime=conv.CAUSAL_CONV1D_BWD_DX,
+    dims_for=_bwd_dx_dims_for,
+    make_problem=_make_bwd_dx_problem,
+    make_baseline=None,  # no library runs this stencil alone (causal_conv1d_bwd's baseline is the whole backward)
+    seed_configs=_bwd_dx_seeds,
+    description="causal depthwise conv1d backward, second kernel: dx, dinitial_states from dpre",
 )
 
 CAUSAL_CONV1D_UPDATE = TunableKernel(
@@ -331,4 +434,4 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_UPDATE)

@@ -17,15 +17,16 @@ Mamba2 call). The kernels index x through its strides (Helion bakes them into th
 so neither layout is copied; `channel_last` is a key dim, each layout has its own tuned
 config. The output has x's layout.
 
-The backward recomputes `pre` (SiLU's derivative needs it) at the width positions whose
-gradients reach x[t] (dx[t] = sum_j weight[width - 1 - j] * dpre[t + j]) from the
-2 * width - 1 shifted, masked loads of x around each step's tile (L1/L2 hits; Triton has
-no shuffles across a tile's registers). dweight and dbias
-come out as one fp32 partial per (batch row, chunk of positions) - a program walks its
-chunk in steps and keeps the sums in registers - that the kernel's host code sums in a
-fixed order (no atomics: the same bits on every run). With dinitial_states the
-backward's loop starts width - 1 positions before the sequence: those positions' "dx"
-is dinitial_states.
+The backward is two kernels. The first (`causal_conv1d_bwd`) recomputes `pre` once
+per position from its width taps (shifted, masked loads of x: L1/L2 hits) and writes
+dpre = dout * silu'(pre) (dout without SiLU; 0 at padding) to an fp32 buffer in x's
+layout; dweight and dbias come out as one fp32 partial per (batch row, chunk of
+positions) - a program walks its chunk in steps, adding into [channels, step] sums
+that it reduces once at the end - which the kernel's host code sums in a fixed order
+(no atomics: the same bits on every run). The second (`causal_conv1d_bwd_dx`) is a
+stencil over dpre: dx[t] = sum_j weight[width - 1 - j] * dpre[t + j] over the t + j of
+t's sequence, plus the final states' gradient; with dinitial_states its positions start
+width - 1 before the sequence, and those positions' "dx" is dinitial_states.
 
 Order: Helion kernels -> host launchers (checks) -> the explicit forward/backward that
 the fused layer calls -> autograd Function -> public function -> runtime declarations
@@ -99,130 +100,85 @@ def causal_conv1d_bwd_kernel(
     dout: torch.Tensor,  # like x
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int
     initial_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dfinal_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dx: torch.Tensor,  # like x, written
-    dinitial_states: torch.Tensor | None,  # (batch, dim, width - 1), written
+    dpre: torch.Tensor,  # (batch, dim, seqlen) fp32 in x's layout, written
     width: hl.constexpr,
     silu: hl.constexpr,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, dim, seqlen = x.shape
-    # Positions -off .. -1 are the initial states' (only when their gradient is wanted).
-    off = 0
-    if dinitial_states is not None:
-        off = width - 1
-    npos = seqlen + off
     # Positions per program (one fp32 dweight/dbias partial each), walked in blocks of block_l.
-    chunk = hl.register_block_size(npos)
-    block_l = hl.register_block_size(npos)
-    nchunk = (npos + chunk - 1) // chunk
+    chunk = hl.register_block_size(seqlen)
+    block_l = hl.register_block_size(seqlen)
+    nchunk = (seqlen + chunk - 1) // chunk
     dw_part = torch.empty([width, batch, nchunk, dim], dtype=torch.float32, device=x.device)
     db_part = torch.empty([batch, nchunk, dim], dtype=torch.float32, device=x.device)
-    for tile_b, tile_d, tile_c in hl.tile([batch, dim, npos], block_size=[1, None, chunk]):
+    for tile_b, tile_d, tile_c in hl.tile([batch, dim, seqlen], block_size=[1, None, chunk]):
         b = tile_b.begin
-        # dweight[:, k] (width <= 4 named accumulators: Helion keeps no lists across loops) and dbias.
-        acc0 = hl.zeros([tile_d], dtype=torch.float32)
-        acc1 = hl.zeros([tile_d], dtype=torch.float32)
-        acc2 = hl.zeros([tile_d], dtype=torch.float32)
-        acc3 = hl.zeros([tile_d], dtype=torch.float32)
-        accb = hl.zeros([tile_d], dtype=torch.float32)
+        # The weights and the bias, loaded once per program (width <= 4 named values: Helion
+        # keeps no lists across loops; the ones past width are never read).
+        w0 = weight[tile_d, 0].to(torch.float32)[:, None]
+        w1 = weight[tile_d, 1].to(torch.float32)[:, None]
+        w2 = weight[tile_d, min(2, width - 1)].to(torch.float32)[:, None]
+        w3 = weight[tile_d, min(3, width - 1)].to(torch.float32)[:, None]
+        bv = hl.zeros([tile_d], dtype=torch.float32)[:, None]
+        if bias is not None:
+            bv = bias[tile_d].to(torch.float32)[:, None]
+        # dweight[:, k] and dbias: [channels, block_l] sums, reduced across positions once
+        # after the loop (not a cross-lane sum per step).
+        acc0 = hl.zeros([tile_d, block_l], dtype=torch.float32)
+        acc1 = hl.zeros([tile_d, block_l], dtype=torch.float32)
+        acc2 = hl.zeros([tile_d, block_l], dtype=torch.float32)
+        acc3 = hl.zeros([tile_d, block_l], dtype=torch.float32)
+        accb = hl.zeros([tile_d, block_l], dtype=torch.float32)
         for tile_l in hl.tile(tile_c.begin, tile_c.end, block_size=block_l):
-            t = tile_l.index - off
+            # Full-width positions, masked past the chunk: every step's values have the
+            # accumulators' shape (also in ref mode, whose last tile is a short one).
+            t = tile_l.begin + hl.arange(block_l)
+            ok = t < tile_c.end
             if seq_idx is not None:
-                s_t = hl.load(seq_idx, [b, t], extra_mask=t >= 0)
-            # j = 0: dpre at t itself, which also gives dweight and dbias.
-            ok = (t >= 0) & (t < seqlen)
-            if seq_idx is not None:
-                ok = ok & (s_t >= 0)
+                s_t = hl.load(seq_idx, [b, t], extra_mask=ok)
+                ok = ok & (s_t >= 0)  # padding: output 0, no gradient
             g = hl.load(dout, [b, tile_d, t], extra_mask=ok[None, :]).to(torch.float32)
-            # The taps of t: pre's recompute and dweight's terms (loaded once, kept in a list
-            # that Helion unrolls: width <= 4 entries).
+            # The taps of t (pre's recompute and dweight's terms; a list that Helion unrolls).
             taps = [g, g, g, g]
+            pre = bv + hl.zeros([tile_d, block_l], dtype=torch.float32)
             for k in hl.static_range(width):
                 p = t - (width - 1 - k)
-                xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
+                xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & ok)[None, :]).to(torch.float32)
                 if initial_states is not None:
                     xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                      extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
+                                      extra_mask=((p < 0) & ok)[None, :]).to(torch.float32)
                 if seq_idx is not None:
-                    s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
+                    s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & ok)
                     xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
                 taps[k] = xv
+                if k == 0:
+                    pre = pre + w0 * xv
+                if k == 1:
+                    pre = pre + w1 * xv
+                if k == 2:
+                    pre = pre + w2 * xv
+                if k == 3:
+                    pre = pre + w3 * xv
             if silu:
-                pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
-                if bias is not None:
-                    pre = pre + bias[tile_d].to(torch.float32)[:, None]
-                for k in hl.static_range(width):
-                    pre = pre + weight[tile_d, k].to(torch.float32)[:, None] * taps[k]
                 sg = torch.sigmoid(pre)
                 g = g * sg * (1.0 + pre * (1.0 - sg))
-            g = torch.where(ok[None, :], g, 0.0)
-            for k in hl.static_range(width):
-                prod = torch.sum(g * taps[k], dim=1)
-                if k == 0:
-                    acc0 = acc0 + prod
-                if k == 1:
-                    acc1 = acc1 + prod
-                if k == 2:
-                    acc2 = acc2 + prod
-                if k == 3:
-                    acc3 = acc3 + prod
+            hl.store(dpre, [b, tile_d, t], g, extra_mask=(t < tile_c.end)[None, :])
+            acc0 = acc0 + g * taps[0]
+            acc1 = acc1 + g * taps[1]
+            if width > 2:
+                acc2 = acc2 + g * taps[2]
+            if width > 3:
+                acc3 = acc3 + g * taps[3]
             if bias is not None:
-                accb = accb + torch.sum(g, dim=1)
-            dv = weight[tile_d, width - 1].to(torch.float32)[:, None] * g
-            if silu:
-                # x after t (pre at t + j needs them): ahead[a] = x[t + a], a = 1 .. width - 1.
-                ahead = [g, g, g, g]
-                for a in hl.static_range(1, width):
-                    p = t + a
-                    xv = hl.load(x, [b, tile_d, p], extra_mask=((p >= 0) & (p < seqlen))[None, :]).to(torch.float32)
-                    if initial_states is not None:
-                        xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                          extra_mask=((p < 0) & (p >= 1 - width))[None, :]).to(torch.float32)
-                    if seq_idx is not None:
-                        s_p = hl.load(seq_idx, [b, p], extra_mask=(p >= 0) & (p < seqlen))
-                        xv = torch.where(((p >= 0) & (s_p == s_t))[None, :], xv, 0.0)
-                    ahead[a] = xv
-            # j = 1 .. width - 1: dpre at t + j reaches x[t] through weight[width - 1 - j].
-            for j in hl.static_range(1, width):
-                q = t + j
-                okq = (q >= 0) & (q < seqlen)
-                if seq_idx is not None:
-                    s_q = hl.load(seq_idx, [b, q], extra_mask=okq)
-                    okq = okq & (s_q >= 0) & (s_q == s_t) & (t >= 0)
-                gq = hl.load(dout, [b, tile_d, q], extra_mask=okq[None, :]).to(torch.float32)
-                if silu:
-                    # pre at q from the taps already loaded (masked to t's sequence: where q's
-                    # differs, okq drops the term).
-                    pre = hl.zeros([tile_d, tile_l], dtype=torch.float32)
-                    if bias is not None:
-                        pre = pre + bias[tile_d].to(torch.float32)[:, None]
-                    for k in hl.static_range(width):
-                        wk = weight[tile_d, k].to(torch.float32)[:, None]
-                        if j + k <= width - 1:
-                            pre = pre + wk * taps[j + k]
-                        else:
-                            pre = pre + wk * ahead[j + k - (width - 1)]
-                    sg = torch.sigmoid(pre)
-                    gq = gq * sg * (1.0 + pre * (1.0 - sg))
-                gq = torch.where(okq[None, :], gq, 0.0)
-                dv = dv + weight[tile_d, width - 1 - j].to(torch.float32)[:, None] * gq
-            if dfinal_states is not None:
-                # final_states[f] is position seqlen - (width - 1) + f of cat(initial_states, x).
-                f = t - (seqlen - (width - 1))
-                dv = dv + hl.load(dfinal_states, [b, tile_d, f],
-                                  extra_mask=((f >= 0) & (t < seqlen))[None, :]).to(torch.float32)
-            hl.store(dx, [b, tile_d, t], dv.to(dx.dtype), extra_mask=(t >= 0)[None, :])
-            if dinitial_states is not None:
-                hl.store(dinitial_states, [b, tile_d, t + (width - 1)], dv.to(dinitial_states.dtype),
-                         extra_mask=(t < 0)[None, :])
-        dw_part[0, b, tile_c.id, tile_d] = acc0
-        dw_part[1, b, tile_c.id, tile_d] = acc1
+                accb = accb + g
+        dw_part[0, b, tile_c.id, tile_d] = torch.sum(acc0, dim=1)
+        dw_part[1, b, tile_c.id, tile_d] = torch.sum(acc1, dim=1)
         if width > 2:
-            dw_part[2, b, tile_c.id, tile_d] = acc2
+            dw_part[2, b, tile_c.id, tile_d] = torch.sum(acc2, dim=1)
         if width > 3:
-            dw_part[3, b, tile_c.id, tile_d] = acc3
+            dw_part[3, b, tile_c.id, tile_d] = torch.sum(acc3, dim=1)
         if bias is not None:
-            db_part[b, tile_c.id, tile_d] = accb
+            db_part[b, tile_c.id, tile_d] = torch.sum(accb, dim=1)
     # Sum the partials in a fixed order (a plain torch reduction in the generated host code,
     # no atomics): the same bits on every run, and outputs whose shapes do not depend on
     # the config (Helion's autotuner compares outputs across configs).
@@ -230,7 +186,49 @@ def causal_conv1d_bwd_kernel(
     db = torch.zeros([dim], dtype=torch.float32, device=x.device)  # without a bias (Helion cannot return None here)
     if bias is not None:
         db = db_part.sum(dim=(0, 1))
-    return dx, dw, db
+    return dpre, dw, db
+
+
+@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
+def causal_conv1d_bwd_dx_kernel(
+    dpre: torch.Tensor,  # (batch, dim, seqlen) fp32, contiguous or channel-last
+    weight: torch.Tensor,  # (dim, width)
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
+    dfinal_states: torch.Tensor | None,  # (batch, dim, width - 1)
+    dx: torch.Tensor,  # (batch, dim, seqlen), written
+    dinitial_states: torch.Tensor | None,  # (batch, dim, width - 1), written
+    width: hl.constexpr,
+) -> torch.Tensor:
+    batch, dim, seqlen = dpre.shape
+    # Positions -off .. -1 are the initial states' (only when their gradient is wanted).
+    off = 0
+    if dinitial_states is not None:
+        off = width - 1
+    for tile_b, tile_d, tile_l in hl.tile([batch, dim, seqlen + off], block_size=[1, None, None]):
+        b = tile_b.begin
+        t = tile_l.index - off
+        if seq_idx is not None:
+            s_t = hl.load(seq_idx, [b, t], extra_mask=t >= 0)
+        # dx[t] = sum_j weight[width - 1 - j] * dpre[t + j], over the t + j of t's sequence.
+        acc = hl.zeros([tile_d, tile_l], dtype=torch.float32)
+        for j in hl.static_range(width):
+            q = t + j
+            okq = (q >= 0) & (q < seqlen)
+            if seq_idx is not None:
+                s_q = hl.load(seq_idx, [b, q], extra_mask=okq)
+                okq = okq & (s_q >= 0) & (s_q == s_t)
+            g = hl.load(dpre, [b, tile_d, q], extra_mask=okq[None, :])
+            acc = acc + weight[tile_d, width - 1 - j].to(torch.float32)[:, None] * g
+        if dfinal_states is not None:
+            # final_states[f] is position seqlen - (width - 1) + f of cat(initial_states, x).
+            f = t - (seqlen - (width - 1))
+            acc = acc + hl.load(dfinal_states, [b, tile_d, f],
+                                extra_mask=((f >= 0) & (t < seqlen))[None, :]).to(torch.float32)
+        hl.store(dx, [b, tile_d, t], acc.to(dx.dtype), extra_mask=(t >= 0)[None, :])
+        if dinitial_states is not None:
+            hl.store(dinitial_states, [b, tile_d, t + (width - 1)], acc.to(dinitial_states.dtype),
+                     extra_mask=(t < 0)[None, :])
+    return dx
 
 
 # --- host launchers -------------------------------------------------------------------
@@ -269,13 +267,15 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _like(x: torch.Tensor) -> torch.Tensor:
+def _like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """An empty (batch, dim, seqlen) tensor in x's layout (channel-last stays channel-last,
-    also for a strided view such as a slice of a wider (batch, seqlen, width) tensor)."""
+    also for a strided view such as a slice of a wider (batch, seqlen, width) tensor), in
+    x's dtype unless `dtype` is given."""
     batch, dim, seqlen = x.shape
+    dtype = x.dtype if dtype is None else dtype
     if x.stride(2) != 1 and x.stride(1) == 1:
-        return torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
-    return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
+        return torch.empty(batch, seqlen, dim, dtype=dtype, device=x.device).transpose(1, 2)
+    return torch.empty(batch, dim, seqlen, dtype=dtype, device=x.device)
 
 
 def conv1d_forward(
@@ -325,8 +325,11 @@ def conv1d_backward(
 
     Same shapes and layouts as `conv1d_forward`; dout like x; dfinal_states (batch, dim,
     width - 1) or None. dx, when given (batch, dim, seqlen) in x's dtype, is written in place
-    (the fused layer hands in a slice of its own gradient buffer). The pre-activation is
-    recomputed for SiLU's derivative. Returns (dx, dweight like weight, dbias like bias or
+    (the fused layer hands in a slice of its own gradient buffer; it may be dout's memory:
+    the second kernel reads only dpre). The pre-activation is recomputed for SiLU's
+    derivative. Two kernels: `causal_conv1d_bwd` writes dpre (an fp32 buffer in x's layout,
+    batch * dim * seqlen * 4 bytes while the call runs) with dweight and dbias,
+    `causal_conv1d_bwd_dx` reads it for dx and dinitial_states. Returns (dx, dweight like weight, dbias like bias or
     None, dinitial_states like initial_states when return_dinitial_states, else None).
     """
     batch, dim, seqlen, width = _check(x, weight, bias, seq_idx, initial_states, None)
@@ -346,18 +349,20 @@ def conv1d_backward(
             raise err(f"dx dtype {dx.dtype} != x dtype {x.dtype}")
         if dx.stride(2) != 1 and dx.stride(1) != 1:
             raise err(f"dx strides {dx.stride()} have no unit-stride seqlen or dim axis")
-        if dx.data_ptr() == dout.data_ptr():
-            # Each program reads dout width - 1 positions ahead of the dx it writes.
-            raise err("dx must not be dout's memory (the backward reads dout around each dx it writes)")
     check_device(x.device, dout=dout, dfinal_states=dfinal_states, dx=dx)
     x = _strided(x)
     dout = _strided(dout)
     if dx is None:
         dx = _like(x)
     dinit = torch.empty_like(initial_states) if return_dinitial_states else None
-    args = (x, weight, bias, dout, None if seq_idx is None else seq_idx.contiguous(), initial_states,
-            dfinal_states, dx, dinit, int(width), bool(silu))
-    _dx, dw, db = runtime.run(CAUSAL_CONV1D_BWD, args)
+    seq_idx = None if seq_idx is None else seq_idx.contiguous()
+    # dpre = dout * silu'(pre), fp32 in x's layout: written by the first kernel (with
+    # dweight and dbias), read by the second (dx); freed on return.
+    dpre = _like(x, torch.float32)
+    _dpre, dw, db = runtime.run(CAUSAL_CONV1D_BWD, (x, weight, bias, dout, seq_idx, initial_states, dpre, int(width),
+                                                    bool(silu)))
+    runtime.run(CAUSAL_CONV1D_BWD_DX, (dpre, weight, seq_idx, dfinal_states, dx, dinit, int(width)))
+    del dpre, _dpre
     dweight = dw.t().to(weight.dtype)
     dbias = None if bias is None else db.to(bias.dtype)
     return dx, dweight, dbias, dinit
@@ -430,8 +435,11 @@ def causal_conv1d_fn(
 
 FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
             "channel_last")
-BWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states",
-            "has_dinitial_states", "has_dfinal", "silu", "channel_last")
+# The backward's first kernel (dpre, dweight, dbias) reads what the forward reads; the
+# second (dx) reads dpre, seq_idx and the final states' gradient.
+BWD_DIMS = FWD_DIMS
+BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
+               "channel_last")
 # Dims the runtime's nearest rule may vary: a config tuned at one model's xBC width and
 # sequence length serves neighbouring ones (each within 4x); width, the flags and the
 # layout stay structural.
@@ -452,12 +460,19 @@ def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    x, _w, bias, _dout, seq_idx, initial_states, dfinal, _dx, dinit, width, silu = args
+    x, _w, bias, _dout, seq_idx, initial_states, _dpre, width, silu = args
     batch, dim, seqlen = x.shape
     return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
             "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "has_dinitial_states": int(dinit is not None), "has_dfinal": int(dfinal is not None),
             "silu": int(silu), "channel_last": channel_last(x)}
+
+
+def _bwd_dx_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
+    dpre, _w, seq_idx, dfinal, _dx, dinit, width = args
+    batch, dim, seqlen = dpre.shape
+    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width),
+            "has_seq_idx": int(seq_idx is not None), "has_dinitial_states": int(dinit is not None),
+            "has_dfinal": int(dfinal is not None), "channel_last": channel_last(dpre)}
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -491,8 +506,13 @@ def _fwd_default(dims: dict[str, int]) -> dict[str, Any]:
 
 
 def _bwd_default(dims: dict[str, int]) -> dict[str, Any]:
-    # The backward holds width shifted tiles at once (recomputing pre): half the forward's tile.
+    # The backward holds width taps and width + 1 sums at once: half the forward's tile.
     return bwd_config(dims, *tile_of(dims, 2048))
+
+
+def _bwd_dx_default(dims: dict[str, int]) -> dict[str, Any]:
+    # A stencil like the forward's (fp32 in): the forward's tile and config layout.
+    return fwd_config(dims, *tile_of(dims))
 
 
 CAUSAL_CONV1D_FWD = runtime.RuntimeKernel(
@@ -513,4 +533,15 @@ CAUSAL_CONV1D_BWD = runtime.RuntimeKernel(
     size_dims=SIZE_DIMS,
     dims_from_args=_bwd_dims_from_args,
     default_config=_bwd_default,
+)
+
+CAUSAL_CONV1D_BWD_DX = runtime.RuntimeKernel(
+    name="causal_conv1d_bwd_dx",
+    family="conv1d",
+    kernel=causal_conv1d_bwd_dx_kernel,
+    dims=BWD_DX_DIMS,
+    size_dims=SIZE_DIMS,
+    dims_from_args=_bwd_dx_dims_from_args,
+    default_config=_bwd_dx_default,
+    dtype_arg=4,  # dx: the model's dtype (dpre is an fp32 buffer)
 )

@@ -220,6 +220,19 @@ def test_explicit_forward_and_backward(layout: str) -> None:
     assert dbias_none is None and dinit_none is None
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dx_may_be_written_over_dout(layout: str) -> None:
+    # The first kernel reads all of dout (into dpre) before the second writes dx.
+    case = Case(layout, 4, "seq_idx-bias-silu")
+    expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
+                               True)
+    dout = case.dout.clone()
+    got = conv1d_backward(case.x, case.weight, case.bias, dout, case.seq_idx, None, None, dout, False, True)
+    assert got[0] is dout
+    for a, b in zip(got[:3], expected[:3], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_explicit_api_signatures_are_stable() -> None:
     # The fused layer (mamba_split_conv1d_scan_combined) calls these by position.
     assert list(inspect.signature(conv1d_forward).parameters) == [

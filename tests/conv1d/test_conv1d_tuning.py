@@ -19,13 +19,19 @@ SHAPE = ModelShape(batch=2, seqlen=50, nheads=2, headdim=8, ngroups=1, dstate=8,
 def _cases() -> list[tuple[str, str, dict[str, int]]]:
     fwd = get("causal_conv1d_fwd").dims_for(SHAPE)
     bwd = get("causal_conv1d_bwd").dims_for(SHAPE)
+    bwd_dx = get("causal_conv1d_bwd_dx").dims_for(SHAPE)
     upd = get("causal_conv1d_update").dims_for(SHAPE)
     states = {"has_seq_idx": 0, "has_initial_states": 1}
     return [
         ("fwd-mixer", "causal_conv1d_fwd", fwd),
         ("fwd-contiguous-states", "causal_conv1d_fwd", {**fwd, **states, "channel_last": 0, "width": 3}),
         ("bwd-mixer", "causal_conv1d_bwd", bwd),
-        ("bwd-states", "causal_conv1d_bwd", {**bwd, **states, "has_dinitial_states": 1, "has_dfinal": 1}),
+        ("bwd-states", "causal_conv1d_bwd", {**bwd, **states}),
+        ("bwd-contiguous-nosilu", "causal_conv1d_bwd", {**bwd, "channel_last": 0, "silu": 0, "width": 2}),
+        ("bwd_dx-mixer", "causal_conv1d_bwd_dx", bwd_dx),
+        ("bwd_dx-states", "causal_conv1d_bwd_dx", {**bwd_dx, "has_seq_idx": 0, "has_dinitial_states": 1,
+                                                   "has_dfinal": 1}),
+        ("bwd_dx-contiguous", "causal_conv1d_bwd_dx", {**bwd_dx, "channel_last": 0, "width": 3}),
         ("update-decode", "causal_conv1d_update", upd),
         ("update-slots", "causal_conv1d_update", {**upd, "seqlen": 3, "state_len": 6, "has_cache_seqlens": 1,
                                                   "has_state_indices": 1}),

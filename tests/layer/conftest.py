@@ -26,7 +26,8 @@ def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
 @pytest.fixture
 def layer_ref_mode() -> Iterator[None]:
     # The conv1d kernels by name too: the layer calls them whether or not they have tuning records.
-    rks = [*all_kernels().values(), causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD]
+    rks = [*all_kernels().values(), causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD,
+           causal_conv1d.CAUSAL_CONV1D_BWD_DX]
     kernels = list({id(rk.kernel): rk.kernel for rk in rks}.values())
     saved = [k.settings.ref_mode for k in kernels]
     saved_block_ref = hl.register_block_size._ref_fn

@@ -321,7 +321,7 @@ def test_one_training_step_launches_each_forward_kernel_twice_and_each_backward_
         _run(ours, layer, dout, None)
     calls = {v["kernel"]: v["calls"] for v in json.loads(path.read_text())["calls"].values()}
     forward = ["causal_conv1d_fwd", "ssd_chunk_cumsum", "ssd_chunk_state_passing", "ssd_bmm", "ssd_chunk_scan"]
-    backward = ["causal_conv1d_bwd", "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
+    backward = ["causal_conv1d_bwd", "causal_conv1d_bwd_dx", "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
                 "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd"]
     if "rmsnorm" not in options:
         forward.append("gated_norm_fwd")
