@@ -97,11 +97,14 @@ class MambaSsmNotInstalledError(ImportError):
 
 @dataclasses.dataclass
 class _State:
+    """A switch's state (this module's and mamba_tune.transformers_patch's): keys are
+    (module name, attribute) here, (owner object, attribute) there."""
+
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     # (module, attribute) -> the original object, for every attribute replaced.
-    originals: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    originals: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
     # (module, attribute) -> what was put there (to restore only what is still ours).
-    installed: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    installed: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
     strict: bool = False
     warned: set[str] = dataclasses.field(default_factory=set)
 
@@ -200,20 +203,27 @@ def unpatch_mamba_ssm() -> None:
         _STATE.strict = False
 
 
-@contextlib.contextmanager
-def patched_mamba_ssm(strict: bool = False) -> Iterator[None]:
+def patched_mamba_ssm(strict: bool = False) -> contextlib.AbstractContextManager[None]:
     """`with mamba_tune.patched_mamba_ssm(): ...` patches for the block, then restores the state before it."""
-    with _STATE.lock:
-        was_patched, was_strict = is_patched(), _STATE.strict
-        patch_mamba_ssm(strict=strict)
+    return patched_block(_STATE, is_patched, patch_mamba_ssm, unpatch_mamba_ssm, strict)
+
+
+@contextlib.contextmanager
+def patched_block(state: _State, is_on: Callable[[], bool], patch: Callable[..., None],
+                  unpatch: Callable[[], None], strict: bool) -> Iterator[None]:
+    """Patch for the block, then put back the state before it: still patched (with its old
+    strictness) if it was, unpatched if not. Shared by both switches (mamba-ssm, transformers)."""
+    with state.lock:
+        was_patched, was_strict = is_on(), state.strict
+        patch(strict=strict)
     try:
         yield
     finally:
-        with _STATE.lock:
+        with state.lock:
             if was_patched:
-                _STATE.strict = was_strict
+                state.strict = was_strict
             else:
-                unpatch_mamba_ssm()
+                unpatch()
 
 
 def patch_from_env() -> None:

@@ -63,13 +63,13 @@ import importlib.util
 import inspect
 import os
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from mamba_tune.patch import _State, patched_block
 from mamba_tune.runtime import MambaTuneWarning
 
 ENV_PATCH = "MAMBA_TUNE_PATCH_TRANSFORMERS"
@@ -134,18 +134,8 @@ class UnsupportedTransformersError(RuntimeError):
     """The installed transformers' Mamba-2 modules do not have the structure patched here."""
 
 
-@dataclasses.dataclass
-class _State:
-    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
-    # (owner, attribute) -> the original object (_ABSENT: not there: inherited, or, 5.0-5.14,
-    # not set yet by a mixer's __init__).
-    originals: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
-    # (owner, attribute) -> what was put there (to restore only what is still ours).
-    installed: dict[tuple[Any, str], Any] = dataclasses.field(default_factory=dict)
-    strict: bool = False
-    warned: set[str] = dataclasses.field(default_factory=set)
-
-
+# (owner, attribute) keys; an original of _ABSENT: not there (inherited, or, 5.0-5.14, not
+# set yet by a mixer's __init__).
 _STATE = _State()
 _ABSENT = object()
 
@@ -503,20 +493,9 @@ def unpatch_transformers() -> None:
         _STATE.strict = False
 
 
-@contextlib.contextmanager
-def patched_transformers(strict: bool = False) -> Iterator[None]:
+def patched_transformers(strict: bool = False) -> contextlib.AbstractContextManager[None]:
     """`with mamba_tune.patched_transformers(): ...` patches for the block, then restores the state before it."""
-    with _STATE.lock:
-        was_patched, was_strict = is_transformers_patched(), _STATE.strict
-        patch_transformers(strict=strict)
-    try:
-        yield
-    finally:
-        with _STATE.lock:
-            if was_patched:
-                _STATE.strict = was_strict
-            else:
-                unpatch_transformers()
+    return patched_block(_STATE, is_transformers_patched, patch_transformers, unpatch_transformers, strict)
 
 
 def mixer_functions(model: torch.nn.Module) -> dict[str, dict[str, str]]:
