@@ -25,7 +25,17 @@ def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str,
     problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
     bound = tk.kernel.bind(problem.args)
     cfg = tk.default_for(bound, dims) if config is None else helion.Config.from_dict(config)
-    return bound.to_triton_code(cfg)
+    return triton_source(bound, cfg)
+
+
+def triton_source(bound: Any, config: Any) -> str:
+    """`bound.to_triton_code(config)`, parsed by Python too: the GPU imports that source, and
+    code that Python rejects (seen on the H200: host code with an `if` left without a body)
+    only failed there. Raises SyntaxError naming the kernel."""
+    code = bound.to_triton_code(config)
+    name = getattr(getattr(bound, "kernel", None), "name", None) or "kernel"
+    compile(code, f"<generated Triton code of {name}>", "exec")
+    return code
 
 
 # Config keys that Helion only accepts when the local device is a CUDA GPU of the right
@@ -183,7 +193,7 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
             problems.append(f"seed {dict(seed)} changed by Helion in {changed}")
             continue
         try:
-            bound.to_triton_code(helion.Config.from_dict(dict(normalized)))
+            triton_source(bound, helion.Config.from_dict(dict(normalized)))
         except Exception as e:  # a compiler error is the finding
             problems.append(f"seed {dict(seed)} does not lower: {type(e).__name__}: {e}")
     return problems

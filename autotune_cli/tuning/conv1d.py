@@ -90,8 +90,12 @@ class ConvInputs:
     def dpre(self, upcast: bool) -> torch.Tensor:
         """dout * silu'(pre) (dout without SiLU) of the reference, 0 at padding positions
         (their output is a constant 0), as float32."""
-        pre, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states, None,
-                                        upcast=upcast)
+        # pre in fp32 for the fp32 reference (causal_conv1d_ref returns its input's dtype: given
+        # bf16 inputs, dpre would be rounded to bf16, and a kernel that keeps it in fp32 would
+        # be measured against a rounded reference).
+        cast = (lambda t: None if t is None else t.float()) if upcast else (lambda t: t)
+        pre, _final = causal_conv1d_ref(cast(self.x), cast(self.weight), cast(self.bias), self.seq_idx,
+                                        cast(self.initial_states), None, upcast=upcast)
         dout = self.dout.float() if upcast else self.dout.to(pre.dtype)
         if self.silu:
             pre = pre.detach().requires_grad_()

@@ -201,9 +201,9 @@ def causal_conv1d_bwd_dx_kernel(
 ) -> torch.Tensor:
     batch, dim, seqlen = dpre.shape
     # Positions -off .. -1 are the initial states' (only when their gradient is wanted).
-    off = 0
-    if dinitial_states is not None:
-        off = width - 1
+    # (An expression, not an `if` block: Helion folds `off` to a constant and would leave
+    # the host code's `if` with an empty body, which Python rejects at import.)
+    off = (width - 1) if dinitial_states is not None else 0
     for tile_b, tile_d, tile_l in hl.tile([batch, dim, seqlen + off], block_size=[1, None, None]):
         b = tile_b.begin
         t = tile_l.index - off

@@ -60,7 +60,7 @@ CASES = _cases()
 # Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
 _WORKER = r"""
 import json, sys, torch
-from autotune_cli.lowering import check_seeds, compiled_mode, meta_args
+from autotune_cli.lowering import check_seeds, compiled_mode, meta_args, triton_source
 from autotune_cli.tuning import get
 from mamba_tune.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
@@ -73,7 +73,7 @@ for case_id, name, dims, dtype, meta in json.loads(sys.stdin.read()):
         else:
             args = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0).args
         bound = tk.kernel.bind(args)
-        code = bound.to_triton_code(tk.default_for(bound, dims))
+        code = triton_source(bound, tk.default_for(bound, dims))
         problems = [] if meta else check_seeds(tk, dims, dtype)
         ok = "tl.store" in code and not problems
         result = {"id": case_id, "ok": ok, "error": "; ".join(problems) or ("" if ok else "no store")}

@@ -61,6 +61,7 @@ CASES = _cases()
 # Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
 _WORKER = r"""
 import json, sys, torch
+from autotune_cli.lowering import triton_source
 from autotune_cli.tuning import get
 from mamba_tune.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
@@ -72,7 +73,7 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     try:
         problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
         bound = tk.kernel.bind(problem.args)
-        code = bound.to_triton_code(bound.config_spec.default_config())
+        code = triton_source(bound, bound.config_spec.default_config())
         result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store"}
     except Exception as e:  # every compiler error is a finding for this case
         result = {"id": case_id, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}

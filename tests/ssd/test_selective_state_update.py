@@ -386,6 +386,7 @@ LOWERING = {
 
 _WORKER = r"""
 import json, sys, torch
+from autotune_cli.lowering import triton_source
 from autotune_cli.tuning import get
 import helion
 torch.set_num_threads(1)
@@ -404,7 +405,7 @@ for case_id, dims, dtype in json.loads(sys.stdin.read()):
             configs[f"seed {seed}"] = helion.Config.from_dict(seed)
         bad = []
         for name, config in configs.items():
-            code = bound.to_triton_code(config)
+            code = triton_source(bound, config)
             if "tl.store" not in code:
                 bad.append(f"{name}: no store")
         result = {"id": case_id, "ok": not bad, "error": "; ".join(bad)}
