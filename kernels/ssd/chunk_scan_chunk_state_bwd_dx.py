@@ -126,15 +126,16 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             raw_state = hl.dot(B[b, tile_m, g, tile_n], dstates[b, c, h, tile_p, tile_n].T, acc=raw_state)
         y = y * scale_m[:, None]
         raw_state = raw_state * weight_m[:, None]
-        # dout . y goes into ddA, whose reverse cumsum over a chunk adds the per-position errors
-        # up, and the pairs (l, j) of F5's chunk term cancel there against dt~ ddt~ (the same
-        # products M[l, j] = scores[l, j] (dout_l . x_j), once as row sums, once as column sums):
-        # with the scores rounded to bf16 for a dot, dA came out over 20x and ddt_bias 10x further
-        # from fp32 than eager bf16 (CPU, ref mode). So both sums are taken over the fp32
-        # scores times dout . x from one dot of bf16 operands (exact products, fp32 sums), as
-        # mamba-ssm's `_chunk_scan_bwd_ddAcs_stable` does; the chunk term of y itself is only
-        # needed for dz, and there one dot with the scores rounded once is what mamba-ssm's saved
-        # output has too.
+        # dout . y goes into ddA, whose reverse cumsum over a chunk adds the per-position errors up,
+        # and the pairs (l, j) of F5's chunk term cancel there against dt~ ddt~ (the same products
+        # M[l, j] = scores[l, j] (dout_l . x_j), once as row sums, once as column sums): with the
+        # scores rounded to bf16 in either sum, dA came out up to 23x and ddt_bias up to 87x further
+        # from fp32 than with them exact, at seqlen 1024 (CPU, ref mode:
+        # test_ddA_pair_sums_keep_fp32_precision, scripts/ssd_bwd_rounding.py). So both sums are
+        # taken over the fp32 scores times dout . x from one dot of bf16 operands (exact products,
+        # fp32 sums), as mamba-ssm's `_chunk_scan_bwd_ddAcs_stable` does; the chunk term of y itself
+        # is only needed for dz, and there one dot with the scores rounded once is what mamba-ssm's
+        # saved output has too.
         dydot = torch.sum(dout_m * y, dim=1)
         dA_m2 = dA_m * LOG2E
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
