@@ -210,6 +210,28 @@ def test_dD_with_z_keeps_fp32_dout(ssd_ref_mode):
     assert _max_err(ours["D"], ref["D"]) <= 1e-4 * ref["D"].abs().max().item()
 
 
+@pytest.mark.parametrize("ssd_ref_mode", ["max"], indirect=True)
+def test_ddA_pair_sums_keep_fp32_precision(ssd_ref_mode):
+    # ddA = dout . y - dt~ ddt~ per position, reverse-cumsummed over each chunk: F5's chunk-term
+    # products cancel there in pairs (row sums against column sums), so the dx kernel takes
+    # both sums from fp32 scores times dout . x. With the scores rounded to bf16 in either sum
+    # (as a bf16 dot gives), dA came out 0.86-2.4 and ddt_bias 1.9-6.0 from fp32 here, against
+    # 0.106 and 0.069 with the exact products and 0.037 and 0.58 for eager bf16 (CPU). Realistic
+    # sizes (chunk 128, headdim 64), where the sums are long. dA's remaining error is the
+    # states' and state gradients' rounding to bf16 for the dots (mamba-ssm's too: 0.108 in a
+    # torch emulation of its backward), which eager torch keeps in fp32: 2x eager + atol as
+    # elsewhere; ddt_bias within eager bf16's error itself.
+    i = _inputs((1, 1024, 2, 64, 1, 64, 128), OPTIONS[0].values[0], torch.bfloat16)
+    dy, _ = _out_grads(i, False)
+    ours = _our_grads(i, dy, None)
+    u = i.upcast()
+    ref = ssd_chunked_grads(u.x, u.dt, u.A, u.B, u.C, i.chunk_size, dy.float(), **u.kwargs())
+    low = ssd_chunked_grads(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, dy, upcast=False, **i.kwargs())
+    _assert_bounded("dA", ours["A"], ref["A"], low["A"], 1e-3)
+    err, bound = _max_err(ours["dt_bias"], ref["dt_bias"]), _max_err(low["dt_bias"], ref["dt_bias"])
+    assert err <= bound, f"ddt_bias: max error {err:.3e} > eager bf16's {bound:.3e}"
+
+
 def test_gradients_through_noncontiguous_projection():
     # x, B, C as slices of one projection (the Mamba-2 layer's in_proj): the gradient
     # reaches the projection, equal to the recurrence's.
