@@ -25,6 +25,7 @@ from mamba_ssm_fused import (
 )
 
 import mamba_tune
+from autotune_cli.reference import split_conv1d_scan_ref
 
 pytestmark = pytest.mark.usefixtures("layer_ref_mode")
 
@@ -70,15 +71,22 @@ def test_the_gpu_comparison_in_fp32_gives_the_references_gradients(monkeypatch, 
         assert err <= 1e-5 * max(1.0, t.abs().max().item()), f"{name}: mamba-ssm's glue vs reference {err:.3e}"
 
 
+def _eager(*args: Any, return_final_states: bool, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return split_conv1d_scan_ref(*args, upcast=False, **kw)
+
+
 @pytest.mark.parametrize("options,with_dfinal", OPTIONS)
 def test_the_gpu_comparison_in_bf16(monkeypatch, options, with_dfinal):
-    """The GPU test's body at small dims: ours within twice mamba-ssm's error plus atol, for the
-    output, final_states and every gradient (mamba-ssm's leaves exact here, so its error is
-    rounding only: a stricter bound than on the GPU)."""
+    """The GPU test's body at small dims: ours within twice the error of mamba-ssm's glue plus
+    atol, for the output, final_states and every gradient. Its stand-in leaves are exact (its
+    error is rounding only, less than its kernels' on the GPU), so the bound takes the larger of
+    its error and eager PyTorch's in bf16 (the CPU layer tests' bound)."""
     layer, dout, dfinal = _case(options, with_dfinal, torch.bfloat16)
     ours = grads(mamba_tune.mamba_split_conv1d_scan_combined, layer, dout, dfinal)
     theirs = mamba_ssm_grads(cpu_fused(monkeypatch), layer, dout, dfinal)
+    eager = grads(_eager, layer, dout, dfinal)
     ref = reference_grads(layer, dout, dfinal)
-    assert set(ours) == set(theirs) == set(ref)
+    assert set(ours) == set(theirs) == set(eager) == set(ref)
     for name in sorted(ours):
-        assert_bounded(name, ours[name], ref[name], theirs[name], 1e-2)
+        worse = max(theirs[name], eager[name], key=lambda t: (t.float() - ref[name]).abs().max().item())
+        assert_bounded(name, ours[name], ref[name], worse, 1e-2)
