@@ -10,8 +10,9 @@ returns out_proj's weight gradient for the SSM columns only, (out_dim, dim) inst
 (out_dim, d_mlp + dim): the no-norm branch computes it from the SSD's recomputed output alone
 and leaves out the SwiGLU part it recomputed just before (the norm branch uses both).
 Autograd then raises ("returned an invalid gradient ... expected shape compatible with").
-Without out_proj the same backward reads an unset variable (`out0_recompute`, only defined
-with out_proj). Its forward is right on both paths.
+With d_mlp > 0 and no out_proj its backward fails with or without a norm: it reads
+`out0_recompute`, which is only set when there is an out_proj. Its forward is right on
+every path.
 """
 
 from __future__ import annotations
