@@ -15,6 +15,10 @@ set -euo pipefail
 out=$(realpath -m "${1:-.device/cc}")
 PYTHON=${PYTHON:-python3.12} TORCH=${TORCH:-2.11.0} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda-13.0}
 ARCH=${ARCH:-90} VERSION=${VERSION:-1.7.0} WORK=${WORK:-/tmp/build-causal-conv1d}
+if ! "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    echo "build_causal_conv1d.sh: PYTHON=$PYTHON is not a working CPython 3.12 (the H200 image's); set PYTHON to one, e.g. PYTHON=\$(pyenv root)/versions/3.12.1/bin/python3.12" >&2
+    exit 2
+fi
 mkdir -p "$WORK/tmp" "$WORK/wheels"
 [ -x "$WORK/venv/bin/python" ] || "$PYTHON" -m venv "$WORK/venv"
 py="$WORK/venv/bin/python"
