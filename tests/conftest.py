@@ -28,6 +28,13 @@ except ImportError:  # pragma: no cover
 if not _HAS_CUDA:
     os.environ.setdefault("HELION_INTERPRET", "1")
 
+# Under pytest-xdist (`-n N`) the workers share the machine's cores: each gets its share of
+# torch's CPU threads, as two workers each running two threads on CI's two cores would
+# oversubscribe them.
+_XDIST_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _XDIST_WORKERS and "torch" in sys.modules:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(_XDIST_WORKERS)))
+
 requires_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU")
 
 

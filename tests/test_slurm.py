@@ -22,7 +22,8 @@ from mamba_tune.bundle import load_bundle
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "tests/data/tiny.yaml"
 
-pytestmark = pytest.mark.slow
+# One pytest-xdist worker runs them all (`--dist loadgroup`): one cluster, started once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
 @pytest.fixture(scope="session")

@@ -60,9 +60,8 @@ CASES = _cases()
 # Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
 _WORKER = r"""
 import json, sys, torch
-from autotune_cli.lowering import check_seeds, compiled_mode, meta_args, triton_source
+from autotune_cli.lowering import check_seeds, compiled_mode, meta_args, shape_args, triton_source
 from autotune_cli.tuning import get
-from mamba_tune.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
 for case_id, name, dims, dtype, meta in json.loads(sys.stdin.read()):
     tk = get(name)
@@ -71,7 +70,7 @@ for case_id, name, dims, dtype, meta in json.loads(sys.stdin.read()):
         if meta:
             args = meta_args(tk, dims, dtype)
         else:
-            args = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0).args
+            args = shape_args(tk, dims, dtype)  # make_problem's layout, no data
         bound = tk.kernel.bind(args)
         code = triton_source(bound, tk.default_for(bound, dims))
         problems = [] if meta else check_seeds(tk, dims, dtype)
@@ -113,6 +112,7 @@ def lowered(clean_env: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("conv1d-lowering")  # one worker runs `lowered` once
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES])
 def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
     assert "__worker__" not in lowered, lowered.get("__worker__", {}).get("error")

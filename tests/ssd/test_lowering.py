@@ -61,9 +61,8 @@ CASES = _cases()
 # Runs in a fresh interpreter in compiled mode: lower each case, print one JSON line each.
 _WORKER = r"""
 import json, sys, torch
-from autotune_cli.lowering import triton_source
+from autotune_cli.lowering import shape_args, triton_source
 from autotune_cli.tuning import get
-from mamba_tune.vocab import torch_dtype
 torch.set_num_threads(1)  # two workers share the CI machine's cores
 for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     tk = get(stage)
@@ -71,8 +70,7 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     if stage == "ssd_state_passing":  # its seqlen is the padded length
         dims["seqlen"] = -(-dims["seqlen"] // dims["chunk_size"]) * dims["chunk_size"]
     try:
-        problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
-        bound = tk.kernel.bind(problem.args)
+        bound = tk.kernel.bind(shape_args(tk, dims, dtype))  # make_problem's layout, no data
         code = triton_source(bound, bound.config_spec.default_config())
         result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store"}
     except Exception as e:  # every compiler error is a finding for this case
@@ -114,6 +112,7 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ssd-lowering")  # one worker runs `lowered` once
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES])
 def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
     assert "__worker__" not in lowered, lowered.get("__worker__", {}).get("error")

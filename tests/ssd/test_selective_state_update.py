@@ -437,6 +437,7 @@ LOWERING_IDS = [f"{cid}-{dt}" for cid in LOWERING for dt in ("bfloat16", "float3
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("selective-state-update-lowering")  # one worker runs `lowered` once
 @pytest.mark.parametrize("case_id", LOWERING_IDS)
 def test_default_config_and_seeds_lower(lowered, case_id):
     assert "__worker__" not in lowered, lowered["__worker__"]["error"]
