@@ -12,11 +12,13 @@ running that `__init__`; where the `__init__` works (the GPU image), it is impor
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 
 
 def installed() -> bool:
@@ -44,3 +46,28 @@ def load() -> types.ModuleType:
     pkg.__version__ = importlib.metadata.version("mamba_ssm")
     sys.modules["mamba_ssm"] = pkg
     return pkg
+
+
+@contextlib.contextmanager
+def mamba1_importable() -> Iterator[None]:
+    """Let mamba-ssm's Mamba-1 modules (`ops.selective_scan_interface` and what imports it, e.g.
+    `modules.mamba_simple`) import without their CUDA extension, and leave nothing behind.
+
+    Their module imports `selective_scan_cuda` at the top, though its torch references
+    (`selective_scan_ref`) never call it: a stub module stands in for it while the block runs,
+    and every `mamba_ssm` module imported under the stub is removed afterwards, so no later test
+    sees (or depends on) it. Where the extension exists (the GPU image) nothing is changed."""
+    if importlib.util.find_spec("selective_scan_cuda") is not None:
+        yield
+        return
+    before = set(sys.modules)
+    sys.modules["selective_scan_cuda"] = types.ModuleType("selective_scan_cuda")
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - before:
+            if name == "selective_scan_cuda" or name.startswith("mamba_ssm."):
+                del sys.modules[name]
+                parent, _, child = name.rpartition(".")
+                if parent in sys.modules and getattr(sys.modules[parent], child, None) is not None:
+                    delattr(sys.modules[parent], child)

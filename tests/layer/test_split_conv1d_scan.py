@@ -15,8 +15,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import sys
-import types
 from typing import Any
 
 import mamba_ssm_cpu
@@ -202,22 +200,20 @@ def mamba_ssm_ref(monkeypatch: pytest.MonkeyPatch) -> Any:
     if not mamba_ssm_cpu.installed():
         pytest.skip("mamba-ssm is not installed (.ci/run installs it)")
     mamba_ssm_cpu.load()
-    name = "mamba_ssm.ops.selective_scan_interface"
-    if importlib.util.find_spec("selective_scan_cuda") is None:
-        # Its module imports the CUDA extension at the top; selective_scan_ref is plain torch.
-        monkeypatch.setitem(sys.modules, "selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
-        monkeypatch.delitem(sys.modules, name, raising=False)  # undone: the stubbed import goes away
-    interface = importlib.import_module(name)
-    monkeypatch.setattr(interface, "selective_scan_fn", interface.selective_scan_ref)
-    ssd_combined = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-    layernorm_gated = importlib.import_module("mamba_ssm.ops.triton.layernorm_gated")
+    # Its selective_scan_interface imports the CUDA extension at the top (selective_scan_ref is
+    # plain torch): importable here, and gone again after the test.
+    with mamba_ssm_cpu.mamba1_importable():
+        interface = importlib.import_module("mamba_ssm.ops.selective_scan_interface")
+        monkeypatch.setattr(interface, "selective_scan_fn", interface.selective_scan_ref)
+        ssd_combined = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        layernorm_gated = importlib.import_module("mamba_ssm.ops.triton.layernorm_gated")
 
-    def conv(x, weight, bias=None, activation=None):
-        return causal_conv1d_ref(x, weight, bias, activation=activation)[0]
+        def conv(x, weight, bias=None, activation=None):
+            return causal_conv1d_ref(x, weight, bias, activation=activation)[0]
 
-    monkeypatch.setattr(ssd_combined, "causal_conv1d_fn", conv)
-    monkeypatch.setattr(ssd_combined, "rmsnorm_fn", layernorm_gated.rms_norm_ref)
-    return ssd_combined.mamba_split_conv1d_scan_ref
+        monkeypatch.setattr(ssd_combined, "causal_conv1d_fn", conv)
+        monkeypatch.setattr(ssd_combined, "rmsnorm_fn", layernorm_gated.rms_norm_ref)
+        yield ssd_combined.mamba_split_conv1d_scan_ref
 
 
 # Its signature has no initial_states, seq_idx or d_mlp. With a norm, ngroups is 1: the
