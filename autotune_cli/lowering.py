@@ -32,8 +32,7 @@ def triton_source(bound: Any, config: Any) -> str:
     code that Python rejects (seen on the H200: host code with an `if` left without a body)
     only failed there. Raises SyntaxError naming the kernel."""
     code = bound.to_triton_code(config)
-    name = getattr(getattr(bound, "kernel", None), "name", None) or "kernel"
-    compile(code, f"<generated Triton code of {name}>", "exec")
+    compile(code, f"<generated Triton code of {bound.kernel.name}>", "exec")
     return code
 
 

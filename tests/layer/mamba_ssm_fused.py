@@ -17,9 +17,9 @@ every path.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import sys
-import types
+from collections.abc import Iterator
 from typing import Any
 
 import mamba_ssm_cpu
@@ -47,11 +47,12 @@ OPTIONS = [
 ]
 
 
-def grads(fn: Any, layer: Layer, dout: torch.Tensor, dfinal: torch.Tensor | None) -> Grads:
-    """fn's out and final_states, and the gradient of every tensor input for (dout, dfinal)."""
+def grads(fn: Any, layer: Layer, dout: torch.Tensor, dfinal: torch.Tensor | None, **overrides: Any) -> Grads:
+    """fn's out and final_states, and the gradient of every tensor input for (dout, dfinal);
+    `overrides` replace keyword arguments of the call (they get no gradient)."""
     leaves = layer.leaves()
     args, kw = layer.call_args(leaves)
-    out, final = fn(*args, return_final_states=True, **kw)
+    out, final = fn(*args, return_final_states=True, **{**kw, **overrides})
     roots, douts = [out], [dout.to(out.dtype)]
     if dfinal is not None:
         roots.append(final)
@@ -94,19 +95,13 @@ def mamba_ssm_grads(fn: Any, layer: Layer, dout: torch.Tensor, dfinal: torch.Ten
     weight = layer.tensors["outproj_weight"]
     assert weight is not None
     frozen = Layer({**layer.tensors, "outproj_weight": None}, layer.seq_idx, layer.kwargs, layer.chunk_size)
-    leaves = frozen.leaves()
-    args, kw = frozen.call_args(leaves)
-    out, final = fn(*args, return_final_states=True, **{**kw, "outproj_weight": weight.detach()})
-    roots, douts = [out], [dout.to(out.dtype)]
-    if dfinal is not None:
-        roots.append(final)
-        douts.append(dfinal)
-    got = torch.autograd.grad(roots, list(leaves.values()), douts)
+    got = grads(fn, frozen, dout, dfinal, outproj_weight=weight.detach())
+    dtype = got["out"].dtype
     with torch.no_grad():
+        args, kw = frozen.call_args(frozen.leaves())
         before_proj = fn(*args, **{**kw, "outproj_weight": None, "outproj_bias": None})
-    dweight = torch.einsum("bso,bsd->od", dout.to(out.dtype), before_proj.to(out.dtype)).to(weight.dtype)
-    return {"out": out.detach(), "final_states": final.detach(), **dict(zip(leaves, got, strict=True)),
-            "outproj_weight": dweight}
+    dweight = torch.einsum("bso,bsd->od", dout.to(dtype), before_proj.to(dtype)).to(weight.dtype)
+    return {**got, "outproj_weight": dweight}
 
 
 def assert_bounded(name: str, ours: torch.Tensor, ref: torch.Tensor, theirs: torch.Tensor, atol: float) -> None:
@@ -268,20 +263,20 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
     return (*vals, _layer_norm_fwd(x, weight, bias, eps, z, out, group_size, norm_before_gate, is_rms_norm)[0])
 
 
-def cpu_fused(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """mamba-ssm's `mamba_split_conv1d_scan_combined` with the CPU stand-ins (undone by monkeypatch)."""
+@contextlib.contextmanager
+def cpu_fused(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """mamba-ssm's `mamba_split_conv1d_scan_combined` with the CPU stand-ins, for the block
+    (the stand-ins are undone by monkeypatch, the Mamba-1 stub its import chain needs on exit)."""
     if not mamba_ssm_cpu.installed():
         pytest.skip("mamba-ssm is not installed (.ci/run installs it)")
     mamba_ssm_cpu.load()
-    if importlib.util.find_spec("selective_scan_cuda") is None:
-        # The Mamba-1 extension, imported by a module the import chain passes through.
-        monkeypatch.setitem(sys.modules, "selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
-    ssd_combined = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-    leaves = {"causal_conv1d_fwd_function": _conv_fwd, "causal_conv1d_bwd_function": _conv_bwd,
-              "_mamba_chunk_scan_combined_fwd": _ssd_fwd, "_mamba_chunk_scan_combined_bwd": _ssd_bwd,
-              "_swiglu_fwd": _swiglu_fwd, "_swiglu_bwd": _swiglu_bwd, "_layer_norm_fwd": _layer_norm_fwd,
-              "_layer_norm_bwd": _layer_norm_bwd}
-    for name, fn in leaves.items():
-        assert hasattr(ssd_combined, name), f"mamba-ssm's ssd_combined has no {name} (another version?)"
-        monkeypatch.setattr(ssd_combined, name, fn)
-    return ssd_combined.mamba_split_conv1d_scan_combined
+    with mamba_ssm_cpu.mamba1_importable():
+        ssd_combined = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        leaves = {"causal_conv1d_fwd_function": _conv_fwd, "causal_conv1d_bwd_function": _conv_bwd,
+                  "_mamba_chunk_scan_combined_fwd": _ssd_fwd, "_mamba_chunk_scan_combined_bwd": _ssd_bwd,
+                  "_swiglu_fwd": _swiglu_fwd, "_swiglu_bwd": _swiglu_bwd, "_layer_norm_fwd": _layer_norm_fwd,
+                  "_layer_norm_bwd": _layer_norm_bwd}
+        for name, fn in leaves.items():
+            assert hasattr(ssd_combined, name), f"mamba-ssm's ssd_combined has no {name} (another version?)"
+            monkeypatch.setattr(ssd_combined, name, fn)
+        yield ssd_combined.mamba_split_conv1d_scan_combined

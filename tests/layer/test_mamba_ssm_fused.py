@@ -47,14 +47,14 @@ def test_mamba_ssms_backward_has_no_outproj_weight_gradient_without_norm_with_d_
     """mamba-ssm 2.3.2.post1's bug that `mamba_ssm_grads` works around: called plainly, its
     backward hands autograd a (out_dim, dim) weight gradient for a (out_dim, d_mlp + dim)
     weight. (Should a later mamba-ssm fix it, this fails, and the workaround can go.)"""
-    theirs = cpu_fused(monkeypatch)
-    layer, dout, _ = _case({"rmsnorm": False, "d_mlp": 6}, False, torch.float32)
-    with pytest.raises(RuntimeError, match=r"invalid gradient .* got \[24, 32\] but expected shape compatible "
-                                           r"with \[24, 38\]"):
-        grads(theirs, layer, dout, None)
-    # With a norm its backward does take the SwiGLU part.
-    layer, dout, _ = _case({"d_mlp": 6}, False, torch.float32)
-    assert grads(theirs, layer, dout, None)["outproj_weight"].shape == (24, 38)
+    with cpu_fused(monkeypatch) as theirs:
+        layer, dout, _ = _case({"rmsnorm": False, "d_mlp": 6}, False, torch.float32)
+        with pytest.raises(RuntimeError, match=r"invalid gradient .* got \[24, 32\] but expected shape compatible "
+                                               r"with \[24, 38\]"):
+            grads(theirs, layer, dout, None)
+        # With a norm its backward does take the SwiGLU part.
+        layer, dout, _ = _case({"d_mlp": 6}, False, torch.float32)
+        assert grads(theirs, layer, dout, None)["outproj_weight"].shape == (24, 38)
 
 
 @pytest.mark.parametrize("options,with_dfinal", OPTIONS)
@@ -63,7 +63,8 @@ def test_the_gpu_comparison_in_fp32_gives_the_references_gradients(monkeypatch, 
     must give the fp32 reference's output and every gradient: the workaround's out_proj weight
     gradient is mamba-ssm's semantics, and the reference is mamba-ssm's for every GPU case."""
     layer, dout, dfinal = _case(options, with_dfinal, torch.float32)
-    theirs = mamba_ssm_grads(cpu_fused(monkeypatch), layer, dout, dfinal)
+    with cpu_fused(monkeypatch) as fused:
+        theirs = mamba_ssm_grads(fused, layer, dout, dfinal)
     ref = reference_grads(layer, dout, dfinal)
     assert set(theirs) == set(ref) == {"out", "final_states", *(k for k, v in layer.tensors.items() if v is not None)}
     for name, t in ref.items():
@@ -83,7 +84,8 @@ def test_the_gpu_comparison_in_bf16(monkeypatch, options, with_dfinal):
     its error and eager PyTorch's in bf16 (the CPU layer tests' bound)."""
     layer, dout, dfinal = _case(options, with_dfinal, torch.bfloat16)
     ours = grads(mamba_tune.mamba_split_conv1d_scan_combined, layer, dout, dfinal)
-    theirs = mamba_ssm_grads(cpu_fused(monkeypatch), layer, dout, dfinal)
+    with cpu_fused(monkeypatch) as fused:
+        theirs = mamba_ssm_grads(fused, layer, dout, dfinal)
     eager = grads(_eager, layer, dout, dfinal)
     ref = reference_grads(layer, dout, dfinal)
     assert set(ours) == set(theirs) == set(eager) == set(ref)
