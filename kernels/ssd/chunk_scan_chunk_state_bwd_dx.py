@@ -17,13 +17,6 @@ output for dz (`_chunk_scan_bwd_dz`) and runs a separate pass for ddA
 (`_chunk_scan_bwd_ddAcs_stable`); recomputing y in this kernel, where its operands are
 already loaded, removes both and the saved output (the forward saves no output at all).
 
-The chunk terms of dout . y and ddt~ are sums of the same products
-M[l, j] = CB[l, j] exp(dA_l - dA_j) dt~_j (dout_l . x_j), row sums and column sums, which
-cancel in ddA's reverse cumsum; both are taken from fp32 scores times dout . x (one dot of
-the bf16 operands per k-tile each) so that they cancel to fp32 rounding. The dots that
-need bf16 scores (raw_scan for dx, y's chunk term for dz, only with z) round them once, as
-mamba-ssm's kernels do. Per k-tile: 3 chunk-term dots without z, 4 with z.
-
 Reductions without atomics: ddt~, d dA pieces and dD over headdim blocks go to one slot
 per 16-wide block (the finest any config makes), dD over positions to one row per
 16-row block; the cumsum backward and the host sum the slots in a fixed order.
@@ -102,23 +95,7 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             seq_last = hl.load(seq_idx, [b, c_end - 1])
             scale_m = torch.where(seq_m == seq_prev, scale_m, 0.0)
             weight_m = torch.where((seq_m == seq_last) & (seq_last >= 0), weight_m, 0.0)
-        dy_m = dy[b, tile_m, h, tile_p].to(torch.float32)
-        x_m = x[b, tile_m, h, tile_p].to(torch.float32)
-        if z is not None:
-            z_m = z[b, tile_m, h, tile_p].to(torch.float32)
-            sig = torch.sigmoid(z_m)
-            # The gated dout in fp32 for the D terms (dD sums over the whole sequence: with
-            # dout rounded to bf16 first, dD per headdim was 1e4x further from fp32 than
-            # mamba-ssm's at Nano TP1 on the H200); rounded, as the other kernels read it,
-            # for the dots and dout . y (which pairs with their terms in ddA).
-            dout_f = dy_m * z_m * sig
-            dout_lp = dout_f.to(x.dtype)
-            dout_m = dout_lp.to(torch.float32)
-        else:
-            dout_f = dy_m
-            dout_lp = dy_m.to(x.dtype)
-            dout_m = dy_m
-        # F5 recomputed (y without D; its state term) and the F2 term of the backward: dots over dstate.
+        # F5 recomputed (y without D) and the F2 term of the backward: dots over dstate.
         y = hl.zeros([tile_m, tile_p], dtype=torch.float32)
         raw_state = hl.zeros([tile_m, tile_p], dtype=torch.float32)
         for tile_n in hl.tile(dstate, block_size=block_n):
@@ -126,34 +103,23 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             raw_state = hl.dot(B[b, tile_m, g, tile_n], dstates[b, c, h, tile_p, tile_n].T, acc=raw_state)
         y = y * scale_m[:, None]
         raw_state = raw_state * weight_m[:, None]
-        # dout . y goes into ddA, whose reverse cumsum over a chunk adds the per-position errors up,
-        # and the pairs (l, j) of F5's chunk term cancel there against dt~ ddt~ (the same products
-        # M[l, j] = scores[l, j] (dout_l . x_j), once as row sums, once as column sums): with the
-        # scores rounded to bf16 in either sum, dA came out up to 23x and ddt_bias up to 87x further
-        # from fp32 than with them exact, at seqlen 1024 (CPU, ref mode:
-        # test_ddA_pair_sums_keep_fp32_precision, scripts/ssd_bwd_rounding.py). So both sums are
-        # taken over the fp32 scores times dout . x from one dot of bf16 operands (exact products,
-        # fp32 sums), as mamba-ssm's `_chunk_scan_bwd_ddAcs_stable` does; the chunk term of y itself
-        # is only needed for dz, and there one dot with the scores rounded once is what mamba-ssm's
-        # saved output has too.
-        dydot = torch.sum(dout_m * y, dim=1)
+        # F5's chunk term, columns c0 .. the block's last row (causal).
         dA_m2 = dA_m * LOG2E
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
             scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
             decay = torch.exp2(torch.clamp(dA_m2[:, None] - dA_pos[b, h, tile_k][None, :] * LOG2E, max=0.0))
             scores = scores * decay * dt_pos[b, h, tile_k][None, :]
             scores = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], scores, 0.0)
+            # Two parts (high and low bits), as for dx below: dout . y enters ddA, whose
+            # reverse cumsum adds a chunk's errors up; rounded once, dA came out over 20x
+            # further from fp32 than eager bf16 at seqlen 1024 (CPU, ref mode).
+            hi = scores.to(x.dtype)
+            lo = (scores - hi.to(torch.float32)).to(x.dtype)
             x_k = x[b, tile_k, h, tile_p]
-            dox = hl.dot(dout_lp, x_k.T, out_dtype=torch.float32)
-            dydot = dydot + torch.sum(scores * dox, dim=1)
-            if z is not None:
-                y = hl.dot(scores.to(x.dtype), x_k, acc=y)
-        # Its transpose for dx: rows l' = the block's first row .. the chunk's end. dx takes the
-        # scores rounded once (as mamba-ssm's dx kernel); ddt~ = x . raw takes its chunk term
-        # from the exact products, as dout . y above (the column sums of the same M).
+            y = hl.dot(hi, x_k, acc=y)
+            y = hl.dot(lo, x_k, acc=y)
+        # Its transpose for dx: rows l' = the block's first row .. the chunk's end.
         raw_scan = hl.zeros([tile_m, tile_p], dtype=torch.float32)
-        ddt_scan = hl.zeros([tile_m], dtype=torch.float32)
-        x_lp = x_m.to(x.dtype)
         for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):
             scores_t = cb[b, c, g, tile_k.index - c0, tile_m.index - c0].T
             decay = torch.exp2(torch.clamp(dA_pos[b, h, tile_k][None, :] * LOG2E - dA_m2[:, None], max=0.0))
@@ -162,10 +128,29 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             if z is not None:
                 zk = z[b, tile_k, h, tile_p].to(torch.float32)
                 dout_k = (dout_k.to(torch.float32) * zk * torch.sigmoid(zk)).to(x.dtype)
-            raw_scan = hl.dot(scores_t.to(x.dtype), dout_k, acc=raw_scan)
-            xdo = hl.dot(x_lp, dout_k.T, out_dtype=torch.float32)
-            ddt_scan = ddt_scan + torch.sum(scores_t * xdo, dim=1)
-        dx_m = (raw_state + raw_scan) * dt_m[:, None]
+            # The scores in two parts (high and low bits in x's dtype), two dots: ddt~ = x . raw
+            # sums over a whole chunk, and with the scores rounded once (as mamba-ssm does)
+            # ddt_bias came out 3-5x further from fp32 than eager torch in bf16 (CPU, ref mode).
+            hi = scores_t.to(x.dtype)
+            lo = (scores_t - hi.to(torch.float32)).to(x.dtype)
+            raw_scan = hl.dot(hi, dout_k, acc=raw_scan)
+            raw_scan = hl.dot(lo, dout_k, acc=raw_scan)
+        dy_m = dy[b, tile_m, h, tile_p].to(torch.float32)
+        x_m = x[b, tile_m, h, tile_p].to(torch.float32)
+        if z is not None:
+            z_m = z[b, tile_m, h, tile_p].to(torch.float32)
+            sig = torch.sigmoid(z_m)
+            # The gated dout in fp32 for the D terms (dD sums over the whole sequence: with
+            # dout rounded to bf16 first, dD per headdim was 1e4x further from fp32 than
+            # mamba-ssm's at Nano TP1 on the H200); rounded, as the other kernels read it,
+            # for dout . y (which pairs with their terms in ddA).
+            dout_f = dy_m * z_m * sig
+            dout_m = dout_f.to(x.dtype).to(torch.float32)
+        else:
+            dout_f = dy_m
+            dout_m = dy_m
+        raw = raw_state + raw_scan
+        dx_m = raw * dt_m[:, None]
         y_pre = y
         if D is not None:
             d_hp = D[h, tile_p].to(torch.float32)
@@ -175,10 +160,9 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
         dx[b, tile_m, h, tile_p] = dx_m.to(dx.dtype)
         if z is not None:
             dz[b, tile_m, h, tile_p] = (dy_m * y_pre * sig * (1.0 + z_m * (1.0 - sig))).to(dz.dtype)
-        ddt_state = torch.sum(x_m * raw_state, dim=1)
-        rows[0, slot, b, h, tile_m] = ddt_state + ddt_scan
-        rows[1, slot, b, h, tile_m] = ddt_state
-        rows[2, slot, b, h, tile_m] = dydot
+        rows[0, slot, b, h, tile_m] = torch.sum(x_m * raw, dim=1)
+        rows[1, slot, b, h, tile_m] = torch.sum(x_m * raw_state, dim=1)
+        rows[2, slot, b, h, tile_m] = torch.sum(dout_m * y, dim=1)
     return dx
 
 
