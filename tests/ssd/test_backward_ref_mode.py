@@ -254,3 +254,26 @@ def test_gradients_through_noncontiguous_projection():
                                                              dt_softplus=True))
     ref = grad_of(lambda x, B, C: ssd_recurrent_ref(x, i.dt, i.A, B, C, D=i.D, dt_bias=i.dt_bias, dt_softplus=True)[0])
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("ssd_ref_mode", ["max"], indirect=True)
+def test_cumsum_bwd_check_at_nano_counts_ddt_in_dts_dtype(ssd_ref_mode):
+    """The tuner's check of the cumsum backward at Nemotron-3 Nano TP1: ddt comes out in dt's
+    dtype (bf16, as mamba-ssm's does) and reaches ~20, where bf16's ulp is 0.125, far over the
+    bf16 atol (0.01). The check's fp32 reference must be fp32 (autograd rounded a bf16 leaf's
+    gradient to bf16: the H200 tune failed every config, the default too, on a one-ulp tie) and
+    its eager-bf16 reference rounds ddt as eager torch does, so a correct kernel passes."""
+    from autotune_cli.spec import DEFAULT_TOLERANCES
+    from autotune_cli.tuner import check_accuracy
+
+    tk = get("ssd_chunk_cumsum_bwd")
+    dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "chunk_size": 128, "has_dt_bias": 1, "dt_softplus": 1}
+    problem = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
+    ref, low = problem.reference(), problem.lowp_reference()
+    assert ref["ddt"].abs().max() >= 4.0  # the range where one bf16 rounding exceeds atol
+    assert not torch.equal(ref["ddt"], ref["ddt"].bfloat16().float())  # fp32, not bf16 values
+    assert torch.equal(low["ddt"], ref["ddt"].bfloat16().float())
+    assert torch.equal(low["dA"], ref["dA"])  # A and dt_bias are fp32 leaves: nothing rounded
+    acc = check_accuracy(problem, problem.run(lambda *args: runtime.run(tk, args)), DEFAULT_TOLERANCES["bf16"])
+    assert acc.max_abs_err["ddt"] > DEFAULT_TOLERANCES["bf16"].atol, acc  # it would fail an fp32-only bound
+    assert acc.passed, acc
