@@ -72,6 +72,21 @@ def _kernels_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# The SSD backward's fp32 partial sums: the dx kernel writes one row of per-position sums per
+# PARTIAL_SLOT-wide slice of headdim, the state passing backward one d dA_last per
+# PARTIAL_SLOT x PARTIAL_SLOT tile of the state (SLOT in kernels/ssd/chunk_scan_chunk_state_bwd_dx.py
+# and chunk_state_passing_bwd.py). The cumsum backward folds them in two loops whose trip
+# counts shape its config (Helion offers a static range for a loop of 8 iterations, not 16):
+# they are key dims, or a config tuned at one count is rejected at another.
+PARTIAL_SLOT = 16
+
+
+def bwd_partials(headdim: int, dstate: int) -> dict[str, int]:
+    """The cumsum backward's partial counts at (headdim, dstate): row_partials, last_partials."""
+    p = -(-headdim // PARTIAL_SLOT)
+    return {"row_partials": p, "last_partials": p * -(-dstate // PARTIAL_SLOT)}
+
+
 def mixer_dims(shape: ModelShape) -> dict[str, int]:
     """Every dim of the call the Mamba-2 mixer makes (mamba_ssm.modules.mamba2): D per head,
     dt_bias, dt_softplus, z applied later by the gated norm, no initial states, and seq_idx
@@ -80,7 +95,7 @@ def mixer_dims(shape: ModelShape) -> dict[str, int]:
         "batch": shape.batch, "seqlen": shape.seqlen, "nheads": shape.nheads, "headdim": shape.headdim,
         "ngroups": shape.ngroups, "dstate": shape.dstate, "chunk_size": shape.chunk_size,
         "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 0, "has_seq_idx": int(shape.packed),
-        "has_initial_states": 0,
+        "has_initial_states": 0, **bwd_partials(shape.headdim, shape.dstate),
     }
 
 
@@ -188,7 +203,7 @@ CHUNK_SCAN_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm"
 CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
 CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
 CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
-CHUNK_CUMSUM_BWD_DIMS = CHUNK_CUMSUM_DIMS
+CHUNK_CUMSUM_BWD_DIMS = (*CHUNK_CUMSUM_DIMS, "row_partials", "last_partials")
 # Decoding.
 SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias",
                                "dt_softplus", "tie_hdim", "has_state_batch_indices", "fp32_state")

@@ -108,14 +108,20 @@ def _launch(rows: torch.Tensor, ddA_last: torch.Tensor, dt: torch.Tensor, A: tor
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
+# row_partials / last_partials: the partial sums folded per position (rows.size(1), one per
+# 16 of headdim) and per chunk (ddA_last.size(0), one per 16 x 16 of the state). The two
+# folding loops' trip counts shape the config (a loop of up to 8 may be a static range), so a
+# config from one count is invalid at another: they are key dims (autotune_cli.kernel_keys
+# derives them from headdim and dstate).
+DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus", "row_partials", "last_partials")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    _rows, _last, dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
+    rows, last, dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
     batch, seqlen, nheads = dt.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "chunk_size": int(chunk_size),
-            "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(softplus)}
+            "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(softplus), "row_partials": rows.size(1),
+            "last_partials": last.size(0)}
 
 
 # Default (no tuned entry): 16 heads per program, as F1.

@@ -71,3 +71,29 @@ def test_bench_backward_kernel_rows_run_each_kernel_through_the_runtime(tmp_path
             assert base is None and all(torch.isfinite(t).all() for t in outs if isinstance(t, torch.Tensor)), stage
     recorded = json.loads((tmp_path / "calls.json").read_text())
     assert sorted({c["kernel"] for c in recorded["calls"].values()}) == sorted(BWD_KERNELS.values()), recorded
+
+
+def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mode, tmp_path):
+    # The cumsum backward folds one partial per 16 of headdim (from the dx kernel) and one per
+    # 16 x 16 of the state (from the state passing backward); the loops' trip counts shape its
+    # config, so a tuned config only fits the counts it was tuned at. The H200's Nano TP1 entry was
+    # tuned on one partial of each while training hands it 4 and 32: Helion rejected it on every call
+    # (config['static_ranges'] has 2 values, expected 1). A real backward's recorded key must be the
+    # key the plan tunes: kernel_keys derives the counts from headdim and dstate.
+    from autotune_cli.kernel_keys import PARTIAL_SLOT, ModelShape, all_keys, bwd_partials
+    from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx, chunk_state_passing_bwd
+
+    assert PARTIAL_SLOT == chunk_scan_chunk_state_bwd_dx.SLOT == chunk_state_passing_bwd.SLOT
+    shape = ModelShape(batch=1, seqlen=40, nheads=2, headdim=40, ngroups=1, dstate=24, chunk_size=16)
+    dims = {"batch": 1, "seqlen": 40, "nheads": 2, "headdim": 40, "ngroups": 1, "dstate": 24, "chunk_size": 16,
+            "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
+    i = SSDInputs.make(dims, torch.float32, "cpu", seed=0)
+    x = i.x.clone().requires_grad_()
+    with mamba_tune.record_calls(tmp_path / "calls.json"):
+        out = mamba_tune.mamba_chunk_scan_combined(x, i.dt, i.A, i.B, i.C, i.chunk_size, D=i.D, dt_bias=i.dt_bias,
+                                                dt_softplus=True)
+        out.square().sum().backward()
+    calls = json.loads((tmp_path / "calls.json").read_text())["calls"].values()
+    (recorded,) = [c["dims"] for c in calls if c["kernel"] == "ssd_chunk_cumsum_bwd"]
+    assert bwd_partials(40, 24) == {"row_partials": 3, "last_partials": 6}
+    assert recorded == all_keys()["ssd_chunk_cumsum_bwd"].dims_for(shape), recorded

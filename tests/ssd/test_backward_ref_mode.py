@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autotune_cli.kernel_keys import bwd_partials
 from autotune_cli.reference import ssd_chunked_grads, ssd_recurrent_ref
 from autotune_cli.tuning import get
 from autotune_cli.tuning.ssd.inputs import SSDInputs
@@ -34,7 +35,8 @@ NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
 def _dims(shape: tuple[int, ...], **flags: int) -> dict[str, int]:
     b, L, H, P, G, N, Q = shape
-    return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q, **flags}
+    return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
+            **bwd_partials(P, N), **flags}
 
 
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -267,7 +269,8 @@ def test_cumsum_bwd_check_at_nano_counts_ddt_in_dts_dtype(ssd_ref_mode):
     from autotune_cli.tuner import check_accuracy
 
     tk = get("ssd_chunk_cumsum_bwd")
-    dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "chunk_size": 128, "has_dt_bias": 1, "dt_softplus": 1}
+    dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "chunk_size": 128, "has_dt_bias": 1, "dt_softplus": 1,
+            **bwd_partials(64, 128)}
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
     ref, low = problem.reference(), problem.lowp_reference()
     assert ref["ddt"].abs().max() >= 4.0  # the range where one bf16 rounding exceeds atol

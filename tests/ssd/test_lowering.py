@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from autotune_cli.kernel_keys import bwd_partials
+
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
 SHAPES = {
     "L100-Q32-G2": (1, 100, 4, 16, 2, 16, 32),  # seqlen % chunk_size != 0
@@ -36,7 +38,7 @@ STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk
 def _dims(shape: tuple[int, ...], flags: int, fused: int) -> dict[str, int]:
     b, L, H, P, G, N, Q = shape
     return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
-            **dict.fromkeys(FLAGS, flags), "fused_bmm": fused}
+            **dict.fromkeys(FLAGS, flags), "fused_bmm": fused, **bwd_partials(P, N)}
 
 
 def _cases() -> list[tuple[str, str, dict[str, int], str]]:

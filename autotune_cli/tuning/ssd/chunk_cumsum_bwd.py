@@ -18,8 +18,8 @@ def _dims_for(shape: ModelShape) -> dict[str, int]:
 
 class _StageInputs:
     """dt, A, dt_bias as the combined call draws them; the per-position sums (rows) and the
-    state passing's d dA_last seeded (this stage does not care where they come from; zero
-    past seqlen, as the dx kernel leaves them)."""
+    state passing's d dA_last seeded, as many partials of each as the key says (this stage
+    does not care where they come from; zero past seqlen, as the dx kernel leaves them)."""
 
     def __init__(self, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int):
         small = {**bwd_inputs.MIXER_FLAGS, **dims, "headdim": 16, "ngroups": 1, "dstate": 16}
@@ -28,8 +28,8 @@ class _StageInputs:
         b, H, nc, Q = self.dt_out.shape
         gen = torch.Generator(device="cpu").manual_seed(seed + 3)
         valid = (torch.arange(nc * Q) < i.x.shape[1]).float()
-        self.rows = (torch.randn(3, 1, b, H, nc * Q, generator=gen) * valid).to(device)
-        self.ddA_last = torch.randn(1, b, H, nc, generator=gen).to(device)
+        self.rows = (torch.randn(3, dims["row_partials"], b, H, nc * Q, generator=gen) * valid).to(device)
+        self.ddA_last = torch.randn(dims["last_partials"], b, H, nc, generator=gen).to(device)
 
     def ref(self, leaf_dtypes: bool = False) -> dict[str, torch.Tensor]:
         """The gradients through F1 in fp32 (the inputs' values, upcast: autograd would round a
@@ -82,6 +82,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
     b, H, nc, Q = s.dt_out.shape
+    # One partial of each: mamba-ssm's kernels hand over whole sums.
     ddA = s.rows[2, 0].view(b, H, nc, Q)
     ddt_out = s.rows[0, 0].view(b, H, nc, Q)
     ddA_next = torch.zeros_like(ddA)
