@@ -363,8 +363,9 @@ class SlurmSweep:
             (d / name).unlink(missing_ok=True)
         s = self.sweep
         # The search starts from this key's config and the nearest tuned shapes' (warm_start).
-        warm = warm_configs(all_kernels()[combo.kernel].size_dims, combo.kernel, combo.dims, combo.dtype,
-                            [*filter(None, [bundle]), *warm_bundles])
+        tk = all_kernels()[combo.kernel]
+        warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype,
+                            [*filter(None, [bundle]), *warm_bundles], across=tk.seed_across)
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
                "budget": s.budget.model_dump(), "tolerance": s.tolerances[combo.dtype].model_dump()}
         (d / "job.json").write_text(json.dumps(job))

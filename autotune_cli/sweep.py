@@ -472,7 +472,7 @@ class Sweep:
             i, combo, isolated = queue.pop(0)
             slot = free.pop(0)
             tk = kernels[combo.kernel]
-            warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles)
+            warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles, across=tk.seed_across)
             running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
 
     def warm_bundles(self, sku: str) -> list[Bundle]:

@@ -111,3 +111,44 @@ def test_cli_refuses_a_bad_warm_start_before_writing_anything(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "--warm-start: " in r.stderr and "nope.json: cannot read" in r.stderr
     assert not out.exists()  # nothing written: no folder, no lock, no bundle
+
+
+def test_the_norm_starts_from_the_other_weight_dtypes_config_after_its_own_structures():
+    # A bf16-weight norm search also starts from the fp32-weight entries (`seed_across`), at the
+    # same distance but after same-structure shapes; other structural dims still never cross.
+    tk = get("gated_norm_bwd")
+    assert tk.seed_across == ("weight_fp32",)
+    want = norm_dims(rows=8192, weight_fp32=0)
+    b = bundle(
+        entry(kernel=tk.name, dims=norm_dims(rows=8192, weight_fp32=1), config=cfg(1)),  # same size, fp32 weight
+        entry(kernel=tk.name, dims=norm_dims(rows=4096, weight_fp32=0), config=cfg(2)),  # log 2, bf16 weight
+        entry(kernel=tk.name, dims=norm_dims(rows=16384, weight_fp32=1), config=cfg(3)),  # log 2, fp32 weight
+        entry(kernel=tk.name, dims=norm_dims(rows=8192, weight_fp32=1, has_z=0), config=cfg(4)),  # has_z differs
+    )
+    got = warm_configs(tk.size_dims, tk.name, want, "bf16", [b], across=tk.seed_across, limit=5)
+    assert got == [cfg(1), cfg(2), cfg(3)]
+    assert warm_configs(tk.size_dims, tk.name, want, "bf16", [b], limit=5) == [cfg(2)]  # without across
+
+
+def test_seed_across_dims_leave_the_config_space_unchanged(clean_env):
+    # What makes a seed across weight_fp32 fit: both weight dtypes bind the norm kernels to the
+    # same Helion config space (structural fingerprint), at Nano TP1's norm. Compiled mode (a
+    # subprocess): binding runs Helion's front end on the CPU.
+    code = r"""
+import json
+from autotune_cli.lowering import shape_args
+from autotune_cli.tuning import all_kernels
+out = {}
+for tk in all_kernels().values():
+    for dim in tk.seed_across:
+        base = {"rows": 16384, "d": 4096, "group_size": 512, "has_z": 1, "norm_before_gate": 0, "has_bias": 0,
+                "is_rms": 1, "weight_fp32": 1}
+        fps = {v: tk.kernel.bind(shape_args(tk, {**base, dim: v}, "bf16")).config_spec.structural_fingerprint_hash()
+               for v in (0, 1)}
+        out[f"{tk.name}.{dim}"] = fps[0] == fps[1]
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    same = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert same == {"gated_norm_fwd.weight_fp32": True, "gated_norm_bwd.weight_fp32": True}, same

@@ -69,6 +69,9 @@ class TunableKernel:
     # may leave keys out): what a person would try first. They join the search's first
     # generation; the search still covers the whole space and keeps only what it measures.
     seed_configs: Callable[[dict[str, int]], list[dict[str, Any]]] | None = None
+    # Structural key dims across which a tuned config still fits (the same Helion config
+    # space): warm starts take entries that differ only there (autotune_cli.warm_start).
+    seed_across: tuple[str, ...] = ()
 
     # What the runtime declares, read through the record.
 
