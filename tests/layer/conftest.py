@@ -24,14 +24,21 @@ def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
 
 
 @pytest.fixture
-def layer_ref_mode() -> Iterator[None]:
+def layer_ref_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Ref mode with the smallest block sizes ("min", the default) or Helion's ref-mode choice
+    ("max", through indirect parametrization: one tile per loop, for tests that need the calls,
+    not the multi-tile paths)."""
+    blocks = getattr(request, "param", "min")
+    if blocks not in ("min", "max"):
+        raise ValueError(f"layer_ref_mode: blocks must be 'min' or 'max', got {blocks!r}")
     # The conv1d kernels by name too: the layer calls them whether or not they have tuning records.
     rks = [*all_kernels().values(), causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD,
            causal_conv1d.CAUSAL_CONV1D_BWD_DX]
     kernels = list({id(rk.kernel): rk.kernel for rk in rks}.values())
     saved = [k.settings.ref_mode for k in kernels]
     saved_block_ref = hl.register_block_size._ref_fn
-    hl.register_block_size._ref_fn = _smallest_block
+    if blocks == "min":
+        hl.register_block_size._ref_fn = _smallest_block
     for k in kernels:
         k.settings.ref_mode = RefMode.EAGER
         k.reset()
