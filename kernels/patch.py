@@ -20,6 +20,12 @@ listed in `NOT_PROVIDED` (none today; the place for one that a later mamba-ssm a
 replaced silently: while patched it runs mamba-ssm's kernel and warns once
 (`MambaTuneWarning`) naming itself; with `strict=True` it raises `NotImplementedError`.
 
+Where the causal-conv1d package is not installed, `modules.mamba2` has None for
+`causal_conv1d_fn` and `causal_conv1d_update`, and Mamba2 falls back to torch (nn.Conv1d plus
+SiLU, a decode step of torch ops, and no packed sequences: it asserts `seq_idx is None`). The
+patch fills those two with the kernels here; an installed package's functions are left alone
+(its conv1d backward is faster than ours today: README, "Mamba-2 layer and causal conv1d").
+
 `unpatch_mamba_ssm()` puts back exactly the objects it replaced; both functions are
 idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import mamba_tune`.
 """
@@ -38,6 +44,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mamba_tune.conv1d.causal_conv1d import causal_conv1d_fn
+from mamba_tune.conv1d.update import causal_conv1d_update
 from mamba_tune.layer.split_conv1d_scan import mamba_split_conv1d_scan_combined
 from mamba_tune.norm.gated import LayerNormGated, RMSNormGated, layernorm_fn, rmsnorm_fn
 from mamba_tune.runtime import MambaTuneWarning
@@ -83,6 +91,13 @@ _REPLACEMENTS: dict[tuple[str, str], Any] = {
     (_STATE_UPDATE, "selective_state_update"): selective_state_update,
     (_MAMBA2, "selective_state_update"): selective_state_update,
     (_MAMBA1, "selective_state_update"): selective_state_update,
+}
+
+# (module, attribute) -> what fills it only where it is None (an optional package that is
+# not installed; see the module docstring).
+FILL_IF_ABSENT: dict[tuple[str, str], Any] = {
+    (_MAMBA2, "causal_conv1d_fn"): causal_conv1d_fn,
+    (_MAMBA2, "causal_conv1d_update"): causal_conv1d_update,
 }
 
 # mamba-ssm functions with no kernel here yet: (module, attribute) -> who calls it, and
@@ -175,6 +190,10 @@ def patch_mamba_ssm(strict: bool = False) -> None:
         for (mod, attr), new in _REPLACEMENTS.items():
             if mod in modules and hasattr(modules[mod], attr):
                 originals[(mod, attr)] = getattr(modules[mod], attr)
+                installed[(mod, attr)] = new
+        for (mod, attr), new in FILL_IF_ABSENT.items():
+            if mod in modules and hasattr(modules[mod], attr) and getattr(modules[mod], attr) is None:
+                originals[(mod, attr)] = None
                 installed[(mod, attr)] = new
         shims: dict[int, Callable[..., Any]] = {}  # one notice per original function
         for (mod, attr), use in NOT_PROVIDED.items():

@@ -196,6 +196,28 @@ def test_mamba1_step_gets_the_decoding_step_where_its_module_imports(mamba_ssm):
         assert simple.selective_state_update is before
 
 
+@pytest.mark.parametrize("package", [False, True], ids=["causal-conv1d-absent", "causal-conv1d-installed"])
+def test_conv1d_gaps_are_filled_only_where_causal_conv1d_is_absent(mamba_ssm, monkeypatch, package):
+    # Without the package, mamba2's causal_conv1d_fn / causal_conv1d_update are None (torch fallback):
+    # the patch fills them with ours and unpatch puts None back. With it (a stand-in function here),
+    # they stay the package's.
+    mod = mamba_ssm[MAMBA2]
+    names = ("causal_conv1d_fn", "causal_conv1d_update")
+    if package:
+        for name in names:
+            monkeypatch.setattr(mod, name, lambda *a, **k: None)
+    before = {name: getattr(mod, name) for name in names}
+    assert all((v is None) != package for v in before.values())
+    with mamba_tune.patched_mamba_ssm():
+        got = {name: getattr(mod, name) for name in names}
+    if package:
+        assert got == before
+    else:
+        assert got == {"causal_conv1d_fn": mamba_tune.causal_conv1d_fn,
+                       "causal_conv1d_update": mamba_tune.causal_conv1d_update}
+    assert {name: getattr(mod, name) for name in names} == before
+
+
 def test_a_norm_built_before_the_patch_runs_the_kernels(mamba_ssm):
     norm = mamba_ssm[NORM].RMSNorm(32, eps=1e-5, group_size=16, norm_before_gate=False)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
