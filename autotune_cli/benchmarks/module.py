@@ -28,9 +28,10 @@ baseline_ms and ratio (= baseline_ms / ours_ms, > 1: ours faster):
 On the fused path ours is `mamba_tune.mamba_split_conv1d_scan_combined` (conv1d, SSD, gated
 norm); mamba-ssm's fused call needs the causal-conv1d package, and without it the rows of
 that path have baseline_ms None and say so in "baseline_note". On the unfused path the patch
-replaces the SSD (`mamba_chunk_scan_combined`) and the gated norm, and leaves the conv1d
-(the module's `causal_conv1d_fn`: causal-conv1d's when installed, else torch's nn.Conv1d; the
-unfused rows name it per side in "ours_conv1d" and "baseline_conv1d") and the GEMMs.
+replaces the SSD (`mamba_chunk_scan_combined`) and the gated norm, and the conv1d only where
+causal-conv1d is not installed (the module's `causal_conv1d_fn`: causal-conv1d's when installed
+on both sides; without it ours patched and torch's nn.Conv1d unpatched; the unfused rows name it
+per side in "ours_conv1d" and "baseline_conv1d"); the GEMMs are the same.
 """
 
 from __future__ import annotations
