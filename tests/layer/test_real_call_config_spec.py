@@ -9,17 +9,15 @@ on the H200 (2026-12-02): `ssd_chunk_cumsum_bwd` was tuned on one partial sum of
 training hands it 4 and 32 ("Too many values for config['static_ranges'], expected 1, got 2").
 
 Here the real calls run on the CPU (ref mode) at Mamba-2 proportions (headdim 64, dstate 128, so
-the partial counts are a real layer's), every kernel call's argument layout is captured, and a
-subprocess in compiled mode binds each kernel twice - to the captured layout and to
-`shape_args(record, dims_from_args(captured))` - and compares the fingerprints. CPU only: binding
-runs Helion's front end, no GPU.
+the partial counts are a real layer's), every kernel call's argument layout is captured as meta
+tensors, and each kernel is bound in compiled mode twice - to the captured layout and, through
+`autotune_cli.lowering.config_spec` (what `validate` checks bundles with), to its tuning record's
+problem at `dims_from_args(captured)` - and the fingerprints compared. CPU only: binding runs
+Helion's front end, no GPU.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,30 +26,30 @@ import torch
 from layer_inputs import Layer
 
 import mamba_tune
+from autotune_cli.lowering import compiled_mode, config_spec
+from autotune_cli.tuning import all_kernels
 from mamba_tune import runtime
 
 # Ref mode with Helion's own block sizes (one tile per loop): only the calls' layouts matter here.
 pytestmark = pytest.mark.parametrize("layer_ref_mode", ["max"], indirect=True)
 
 
-def _layout(a: Any) -> Any:
+def _meta(a: Any) -> Any:
     if isinstance(a, torch.Tensor):
-        return {"size": list(a.shape), "stride": list(a.stride()), "offset": a.storage_offset(),
-                "dtype": str(a.dtype).removeprefix("torch.")}
-    if a is None or isinstance(a, bool | int | float | str):
-        return {"value": a}
-    raise TypeError(f"unexpected kernel argument {type(a).__name__}")
+        return torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta")
+    return a
 
 
 @pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, Any]]]:
-    """Every kernel call through the run time, by (kernel, layout): {"kernel", "args"}."""
-    calls: dict[str, dict[str, Any]] = {}
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[tuple[Any, ...], tuple[runtime.RuntimeKernel, tuple]]]:
+    """Every kernel call through the run time, one per (kernel, layout): (kernel, meta args)."""
+    calls: dict[tuple[Any, ...], tuple[runtime.RuntimeKernel, tuple]] = {}
     lookup: Callable[..., Any] = runtime.lookup
 
     def capture(rk: runtime.RuntimeKernel, args: Any) -> Any:
-        entry = {"kernel": rk.name, "args": [_layout(a) for a in args]}
-        calls.setdefault(json.dumps(entry, sort_keys=True), entry)
+        meta = tuple(_meta(a) for a in args)
+        layout = tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in meta)
+        calls.setdefault((rk.name, layout), (rk, meta))
         return lookup(rk, args)
 
     monkeypatch.setattr(runtime, "lookup", capture)
@@ -85,55 +83,20 @@ def _ssd_step() -> None:
     (out.float().square().sum() + final.square().sum()).backward()
 
 
-_WORKER = r"""
-import json, sys, torch
-from autotune_cli.lowering import shape_args
-from autotune_cli.tuning import all_kernels
-from mamba_tune import runtime
-torch.set_num_threads(1)
-records = {tk.runtime.name: tk for tk in all_kernels().values()}
-
-
-def real(layout):
-    if "value" in layout:
-        return layout["value"]
-    dtype = getattr(torch, layout["dtype"])
-    need = layout["offset"] + 1 + sum((n - 1) * s for n, s in zip(layout["size"], layout["stride"]) if n > 0)
-    return torch.empty(need, dtype=dtype).as_strided(layout["size"], layout["stride"], layout["offset"])
-
-
-for call in json.loads(sys.stdin.read()):
-    name = call["kernel"]
-    result = {"kernel": name}
-    tk = records.get(name)
-    if tk is None:
-        result["error"] = "no tuning record"
-    else:
-        try:
-            args = tuple(real(a) for a in call["args"])
-            dims = tk.runtime.dims_from_args(args)
-            dtype = runtime.dtype_of(args, tk.runtime)
-            result["dims"] = dims
-            result["real"] = tk.runtime.kernel.bind(args).config_spec.structural_fingerprint_hash()
-            result["tuned"] = tk.runtime.kernel.bind(shape_args(tk, dims, dtype)).config_spec.structural_fingerprint_hash()
-        except Exception as e:
-            result["error"] = f"{type(e).__name__}: {e}"[:1500]
-    print(json.dumps(result), flush=True)
-"""
-
-
-def test_tuning_problems_bind_to_the_config_space_of_the_calls_training_makes(layer_ref_mode, captured, clean_env):
+def test_tuning_problems_bind_to_the_config_space_of_the_calls_training_makes(layer_ref_mode, captured):
     _layer_step()  # mamba-ssm's fused Mamba2 path: conv1d, SSD and gated norm forward and backward
     _layer_step(rmsnorm=False, seq_idx=True, D_per_head=False)  # z through the SSD, packed sequences
     _ssd_step()
-    calls = list(captured.values())
-    assert {c["kernel"] for c in calls} >= {"ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
-                                             "causal_conv1d_bwd", "gated_norm_bwd", "ssd_chunk_scan"}
-    proc = subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(calls), capture_output=True, text=True,
-                          env=clean_env, timeout=900)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and len(results) == len(calls), proc.stderr[-3000:]
-    errors = [r for r in results if "error" in r]
-    assert not errors, errors
-    differ = [f"{r['kernel']} at {r['dims']}" for r in results if r["real"] != r["tuned"]]
+    records = {tk.runtime.name: tk for tk in all_kernels().values()}
+    assert {name for name, _ in captured} >= {"ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
+                                              "causal_conv1d_bwd", "gated_norm_bwd", "ssd_chunk_scan"}
+    assert {name for name, _ in captured} <= set(records), "a kernel without a tuning record"
+    differ = []
+    for rk, meta in captured.values():
+        dims = rk.dims_from_args(meta)
+        with compiled_mode(rk.kernel):
+            real = rk.kernel.bind(meta).config_spec.structural_fingerprint_hash()
+        tuned = config_spec(records[rk.name], dims, runtime.dtype_of(meta, rk)).structural_fingerprint_hash()
+        if real != tuned:
+            differ.append(f"{rk.name} at {dims}")
     assert not differ, f"the tuning problem binds to another config space than the real call: {differ}"
