@@ -15,15 +15,32 @@ SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passi
               "chunk_scan", "chunk_scan_fused_bmm", "total", "total_split", "total_fused_bmm",
               "total_fused_state_passing", "total_seq_idx", "total_wall", "total_graph",
               "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
-              "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
+              "fwd_bwd_recompute", "fwd_bwd_recompute_graph", "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
 # The rows `bench --family layer` can time (benchmarks/layer.py documents each).
-LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm",
+LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_recompute", "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm",
                 "out_proj", "conv1d_bwd", "ssd_bwd", "norm_bwd")
 # The rows `bench --family module` can time (benchmarks/module.py documents each): every kind for
 # Mamba2's fused path (use_mem_eff_path=True, suffix _mem_eff), then for its unfused path (_unfused).
 MODULE_STAGES = tuple(f"{kind}_{path}" for path in ("mem_eff", "unfused")
                       for kind in ("module_fwd", "module_fwd_wall", "module_fwd_graph", "module_train_step",
                                    "module_train_step_wall", "module_train_step_graph"))
+
+
+def recomputing(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn with the SSD's autograd forwards keeping nothing for their backward
+    (`mamba_tune.ssd.combined.SAVE_INTERMEDIATES` off: every intermediate recomputed), to time
+    what keeping them saves. The switch is read in the forward, on the calling thread."""
+    from mamba_tune.ssd import combined
+
+    def step() -> Any:
+        keep = combined.SAVE_INTERMEDIATES
+        combined.SAVE_INTERMEDIATES = False
+        try:
+            return fn()
+        finally:
+            combined.SAVE_INTERMEDIATES = keep
+
+    return step
 
 
 def wall_ms(fn: Callable[[], Any], iters: int = 200) -> float:

@@ -12,7 +12,10 @@ seq_idx, no initial states.
 Rows (`STAGES`), each with ours_ms, baseline_ms and ratio (= baseline_ms / ours_ms, > 1: ours faster):
 - "layer_fwd": in_proj + the fused call; "layer_fwd_bwd": the same plus the gradients of the
   input and every weight for a fixed output gradient (autograd); its row also carries both
-  sides' peak memory above what was allocated before the step (MiB).
+  sides' peak memory above what was allocated before the step (MiB). "layer_fwd_bwd_recompute":
+  layer_fwd_bwd with ours keeping nothing for the backward beyond its inputs (every SSD
+  intermediate and the SSD output recomputed: what keeping them, within the bytes mamba-ssm
+  keeps, gains).
 - "fused_fwd", "fused_fwd_bwd": the fused call alone (from a given zxbcdt).
 - Forward stages on the same intermediates: "in_proj" and "out_proj" (torch GEMMs, the same on
   both sides: timed once, baseline_ms is None), "conv1d" (mamba-ssm: causal-conv1d's
@@ -36,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from autotune_cli.benchmarks.common import LAYER_STAGES as STAGES
+from autotune_cli.benchmarks.common import recomputing
 from autotune_cli.presets import ModelDims
 from autotune_cli.timing import gpu_median_ms
 from mamba_tune import runtime
@@ -239,10 +243,14 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
     ours: dict[str, Callable[[], Any]] = {}
     base: dict[str, Callable[[], Any]] = {}
     for stage, (backward, with_in_proj) in whole.items():
-        if stage in stages:
+        if stage in stages or stage == "layer_fwd_bwd" and "layer_fwd_bwd_recompute" in stages:
             ours[stage] = layer_step(ours_fn, s, i, backward, with_in_proj)
             if theirs_fn is not None:
                 base[stage] = layer_step(theirs_fn, s, i, backward, with_in_proj)
+    if "layer_fwd_bwd_recompute" in stages:
+        ours["layer_fwd_bwd_recompute"] = recomputing(ours["layer_fwd_bwd"])
+        if "layer_fwd_bwd" in base:
+            base["layer_fwd_bwd_recompute"] = base["layer_fwd_bwd"]
     if set(stages) - set(whole):
         o, b = _stage_fns(s, i, stages)
         ours.update({k: v for k, v in o.items() if k in stages})
@@ -250,7 +258,7 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
     warm = max(rep_ms // 8, 5)
     rows = []
     for stage in STAGES:
-        if stage not in ours:
+        if stage not in ours or stage not in stages:
             continue
         ours_ms = gpu_median_ms(ours[stage], rep_ms, warmup_ms=warm)
         row: dict[str, Any] = {"family": "layer", "model": label, "stage": stage, "dtype": dtype_name(dtype),
@@ -260,7 +268,7 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
             row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=warm)
             row["ratio"] = row["baseline_ms"] / ours_ms
             row["baseline"] = "mamba-ssm"
-        if stage == "layer_fwd_bwd":
+        if stage in ("layer_fwd_bwd", "layer_fwd_bwd_recompute"):
             row["ours_peak_mib"] = peak_mib(ours[stage])
             if stage in base:
                 row["baseline_peak_mib"] = peak_mib(base[stage])

@@ -14,7 +14,9 @@ sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion 
 
 Forward+backward (autograd, gradients of x, dt, A, B, C, D, dt_bias for a fixed dy, via
 `torch.autograd.grad`): "fwd_bwd" (do_bench), "fwd_bwd_wall", "fwd_bwd_graph",
-"fwd_bwd_seq_idx"; the fwd_bwd row also carries the peak memory of one step above what was
+"fwd_bwd_seq_idx"; "fwd_bwd_recompute" and "fwd_bwd_recompute_graph" time ours with the
+autograd forward keeping no intermediates (every one recomputed in the backward: what keeping
+them within mamba-ssm's saved bytes gains; mamba-ssm as in fwd_bwd); the fwd_bwd rows also carry the peak memory of one step above what was
 allocated before it (`torch.cuda.max_memory_allocated`, MiB) and the number of GPU
 activities (kernels and memsets) one step launches, for both sides. "bwd_*" rows time each
 backward kernel on its tuning record's inputs against the mamba-ssm kernels it replaces
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
-from autotune_cli.benchmarks.common import graph_ms, wall_ms
+from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
@@ -207,13 +209,15 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         }
         for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
             base[name] = base["total"]
-    if set(stages) & {"fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx"}:
+    if {s for s in stages if s.startswith("fwd_bwd")}:
         dy = torch.randn_like(i.x)
         ours["fwd_bwd"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, i, dy)
         ours["fwd_bwd_seq_idx"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, s, dy)
+        ours["fwd_bwd_recompute"] = recomputing(ours["fwd_bwd"])
         if found is not None:
             base["fwd_bwd"] = fwd_bwd_step(cmb.mamba_chunk_scan_combined, i, dy)
             base["fwd_bwd_seq_idx"] = fwd_bwd_step(cmb.mamba_chunk_scan_combined, s, dy)
+            base["fwd_bwd_recompute"] = base["fwd_bwd"]
     work = _work(shape, dtype)
     shape_text = (f"batch={shape.batch} seqlen={shape.seqlen} nheads={shape.nheads} headdim={shape.headdim} "
                   f"ngroups={shape.ngroups} dstate={shape.dstate} chunk_size={shape.chunk_size}")
@@ -233,7 +237,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         if stage in base:
             row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=max(rep_ms // 8, 5))
             row["ratio"] = row["baseline_ms"] / ours_ms
-        if stage == "fwd_bwd":
+        if stage in ("fwd_bwd", "fwd_bwd_recompute"):
             row["ours_peak_mib"] = peak_mib(fn)
             row["ours_gpu_activities"] = gpu_activities(fn)
             if stage in base:
@@ -247,7 +251,8 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     # Back-to-back calls of the whole forward: timed on the host, and replayed from a CUDA graph.
     back_to_back: dict[str, tuple[str, Callable[[Callable[[], Any]], float | None]]] = {
         "total_wall": ("total", lambda fn: wall_ms(fn, 50)), "total_graph": ("total", graph_ms),
-        "fwd_bwd_wall": ("fwd_bwd", lambda fn: wall_ms(fn, 20)), "fwd_bwd_graph": ("fwd_bwd", graph_ms)}
+        "fwd_bwd_wall": ("fwd_bwd", lambda fn: wall_ms(fn, 20)), "fwd_bwd_graph": ("fwd_bwd", graph_ms),
+        "fwd_bwd_recompute_graph": ("fwd_bwd_recompute", graph_ms)}
     for stage, (what, timer) in back_to_back.items():
         if stage not in stages:
             continue

@@ -7,13 +7,14 @@ z gate when there is no norm weight) -> [SwiGLU(z0, x0) | y] -> out_proj (a torc
 The conv1d runs `mamba_tune.conv1d`, the SSD its stage kernels, the norm
 `mamba_tune.norm.gated`; the split and the d_mlp SwiGLU are views and torch ops.
 
-Memory: the forward saves its inputs only (zxbcdt and the weights), none of the conv output,
-the SSD output or the norm's statistics; the backward recomputes the conv, the SSD output
-and the norm. mamba-ssm also saves the SSD output and the norm's rstd, so the activations
-kept between forward and backward are smaller here. The price: the SSD's chunk_scan (F5) and
-the norm's forward run again in the backward (the SSD backward recomputes F1-F4 in any case,
-and here reuses those of the SSD output's recompute: `ssd_recompute_forward`). The backward's
-transient buffers are freed stage by stage.
+Memory: mamba-ssm's fused layer keeps its inputs, its SSD output and the norm's rstd between
+forward and backward. Here the forward keeps its inputs (zxbcdt and the weights) and, in no
+more bytes than mamba-ssm's SSD output and rstd, the SSD output where the backward needs it
+(the norm's backward, out_proj's weight gradient) and then what fits of the SSD's
+intermediates (`_keep`, with the rule of `mamba_tune.ssd.combined.SAVE_INTERMEDIATES`). The
+backward recomputes the conv, the norm's forward, and what was not kept of the SSD (the
+output: `ssd_recompute_forward`; F1-F4: `ssd_intermediates`). Its transient buffers are freed
+stage by stage.
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ import torch.nn.functional as F
 from mamba_tune import vocab
 from mamba_tune.conv1d import conv1d_backward, conv1d_forward
 from mamba_tune.norm import gated
-from mamba_tune.ssd.combined import ssd_backward, ssd_forward, ssd_recompute_forward
+from mamba_tune.ssd import combined
+from mamba_tune.ssd.combined import (
+    SSDIntermediates,
+    SSDSaved,
+    keep_within,
+    ssd_backward,
+    ssd_forward_with_intermediates,
+    ssd_intermediates,
+    ssd_recompute_forward,
+)
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -195,28 +205,60 @@ def split_conv1d_scan_forward(
     dims = _dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, headdim, ngroups, activation, rmsnorm_weight,
                  outproj_weight, outproj_bias)
     opts = _Options(chunk_size, tuple(dt_limit), activation is not None, rmsnorm_eps, norm_before_gate)
-    return _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
-                    rmsnorm_weight, outproj_weight, outproj_bias, _autocast_dtype(zxbcdt.device))
+    out, final_states, _y, _inter = _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
+                                             initial_states, seq_idx, rmsnorm_weight, outproj_weight, outproj_bias,
+                                             _autocast_dtype(zxbcdt.device))
+    return out, final_states
 
 
 def _forward(dims: _Dims, opts: _Options, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
              conv1d_bias: torch.Tensor | None, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor,
              initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None,
              rmsnorm_weight: torch.Tensor | None, outproj_weight: torch.Tensor | None,
-             outproj_bias: torch.Tensor | None, autocast: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+             outproj_bias: torch.Tensor | None, autocast: torch.dtype | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SSDIntermediates]:
+    """Returns (out, final_states, the SSD output y (batch, seqlen, dim) before the norm, the SSD's intermediates)."""
     zx0, z, xBC, dt = torch.split(zxbcdt, dims.splits, dim=-1)
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
     x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
-    y, final_states = ssd_forward(x, dt, A, B, C, opts.chunk_size, D=D, z=z4 if rmsnorm_weight is None else None,
-                                  dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                  dt_limit=opts.dt_limit)
+    y4, final_states, inter = ssd_forward_with_intermediates(
+        x, dt, A, B, C, opts.chunk_size, D=D, z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
+        initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit)
     del xBC_conv, x, B, C
-    out = y.reshape(dims.batch, dims.seqlen, dims.dim)
+    y = out = y4.reshape(dims.batch, dims.seqlen, dims.dim)
     if rmsnorm_weight is not None:
         out, _ = _norm(dims, opts, out, z, rmsnorm_weight)
     if dims.d_mlp > 0:
         out = torch.cat([_swiglu(zx0), out], dim=-1)
-    return _out_proj(out, outproj_weight, outproj_bias, autocast), final_states
+    return _out_proj(out, outproj_weight, outproj_bias, autocast), final_states, y, inter
+
+
+@dataclasses.dataclass
+class _Kept:
+    """What the autograd forward keeps beyond the inputs (None: recomputed in the backward)."""
+
+    y: torch.Tensor | None = None  # the SSD output (batch, seqlen, dim), before the norm
+    ssd: SSDSaved = dataclasses.field(default_factory=SSDSaved)
+
+
+def _keep(dims: _Dims, y: torch.Tensor, inter: SSDIntermediates, rmsnorm_weight: torch.Tensor | None,
+          outproj_weight: torch.Tensor | None) -> _Kept:
+    """Keep, within the bytes mamba-ssm's fused layer keeps beyond its inputs (its SSD output
+    `out_x` (batch, seqlen, dim) and, with the norm, rstd (batch * seqlen * ngroups fp32)), the
+    SSD output where the backward needs it (the norm's backward, out_proj's weight gradient:
+    it saves F5's recompute), then the SSD's intermediates as `mamba_chunk_scan_combined` keeps
+    them (ssd.combined.SAVE_INTERMEDIATES; none when that is off)."""
+    if not combined.SAVE_INTERMEDIATES:
+        return _Kept()
+    budget = y.numel() * y.element_size()
+    if rmsnorm_weight is not None:
+        budget += dims.batch * dims.seqlen * dims.ngroups * 4
+    kept = _Kept()
+    if rmsnorm_weight is not None or outproj_weight is not None:
+        kept.y = y
+        budget -= y.numel() * y.element_size()
+    kept.ssd = keep_within(inter, budget)
+    return kept
 
 
 def split_conv1d_scan_backward(
@@ -246,7 +288,8 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
               dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, initial_states: torch.Tensor | None,
               seq_idx: torch.Tensor | None, rmsnorm_weight: torch.Tensor | None,
               outproj_weight: torch.Tensor | None, outproj_bias: torch.Tensor | None,
-              autocast: torch.dtype | None) -> dict[str, torch.Tensor | None]:
+              autocast: torch.dtype | None, kept: _Kept | None = None) -> dict[str, torch.Tensor | None]:
+    kept = kept or _Kept()
     b, s = dims.batch, dims.seqlen
     out_dim = dims.d_mlp + dims.dim if outproj_weight is None else outproj_weight.shape[0]
     if tuple(dout.shape) != (b, s, out_dim):
@@ -257,19 +300,24 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     grads: dict[str, torch.Tensor | None] = {"conv1d_bias": None, "rmsnorm_weight": None, "outproj_weight": None,
                                              "outproj_bias": None}
 
-    # Recompute the conv (nothing but inputs was saved), then, where the norm's backward or
-    # out_proj's weight gradient needs them, the SSD output and the norm: the SSD intermediates
-    # recomputed on the way serve the SSD backward too.
+    # Recompute the conv (its output is not kept), then, where the norm's backward or out_proj's
+    # weight gradient needs them, the SSD output (unless kept) and the norm: the SSD
+    # intermediates recomputed on the way (those not kept) serve the SSD backward too.
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
     x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
-    gated_out = y = rstd = inter = None
-    if outproj_weight is not None or rmsnorm_weight is not None:
+    gated_out = y = rstd = None
+    ssd_kw: dict[str, Any] = {"dt_bias": dt_bias, "initial_states": initial_states, "seq_idx": seq_idx,
+                              "dt_softplus": True, "dt_limit": opts.dt_limit, "saved": kept.ssd}
+    if (outproj_weight is not None or rmsnorm_weight is not None) and kept.y is None:
         y4, inter = ssd_recompute_forward(x, dt, A, B, C, opts.chunk_size, D=D,
-                                          z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
-                                          initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                          dt_limit=opts.dt_limit)
-        y = gated_out = y4.reshape(b, s, dims.dim)
+                                          z=z4 if rmsnorm_weight is None else None, **ssd_kw)
+        y = y4.reshape(b, s, dims.dim)
         del y4
+    else:
+        y = kept.y
+        inter = ssd_intermediates(x, dt, A, B, C, opts.chunk_size, **ssd_kw)
+    if outproj_weight is not None or rmsnorm_weight is not None:
+        gated_out = y
         if rmsnorm_weight is not None:
             gated_out, rstd = _norm(dims, opts, y, z, rmsnorm_weight)
     if outproj_weight is not None:
@@ -329,7 +377,8 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
 
 
 class _MambaSplitConv1dScanCombined(torch.autograd.Function):
-    """Autograd for the layer: saves the inputs only and recomputes the rest in the backward."""
+    """Autograd for the layer: saves the inputs and, within the bytes mamba-ssm keeps beyond its
+    inputs, the SSD output and intermediates (`_keep`); recomputes the rest in the backward."""
 
     @staticmethod
     def forward(ctx: Any, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: torch.Tensor | None,
@@ -338,10 +387,13 @@ class _MambaSplitConv1dScanCombined(torch.autograd.Function):
                 outproj_weight: torch.Tensor | None, outproj_bias: torch.Tensor | None, dims: _Dims,
                 opts: _Options) -> tuple[torch.Tensor, torch.Tensor]:
         autocast = _autocast_dtype(zxbcdt.device)
-        out, final_states = _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
-                                     seq_idx, rmsnorm_weight, outproj_weight, outproj_bias, autocast)
+        out, final_states, y, inter = _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
+                                               initial_states, seq_idx, rmsnorm_weight, outproj_weight, outproj_bias,
+                                               autocast)
+        kept = _keep(dims, y, inter, rmsnorm_weight, outproj_weight)
+        del y, inter
         ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
-                              rmsnorm_weight, outproj_weight, outproj_bias)
+                              rmsnorm_weight, outproj_weight, outproj_bias, kept.y, *kept.ssd.tensors())
         ctx.dims, ctx.opts, ctx.autocast = dims, opts, autocast
         # An unused final_states gets no gradient (None), as in mamba_tune.ssd.combined.
         ctx.set_materialize_grads(False)
@@ -350,7 +402,7 @@ class _MambaSplitConv1dScanCombined(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight, outproj_weight,
-         outproj_bias) = ctx.saved_tensors
+         outproj_bias, y, *ssd_kept) = ctx.saved_tensors
         if zxbcdt.is_cuda:
             # Autograd's CUDA backward thread has no Triton allocator set (see mamba_tune.ssd.combined).
             helion.runtime.set_triton_allocator()
@@ -360,7 +412,8 @@ class _MambaSplitConv1dScanCombined(torch.autograd.Function):
             dtype = zxbcdt.dtype if outproj_weight is None else (ctx.autocast or outproj_weight.dtype)
             dout = zxbcdt.new_zeros(dims.batch, dims.seqlen, out_dim, dtype=dtype)
         g = _backward(dims, ctx.opts, dout, dfinal, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
-                      initial_states, seq_idx, rmsnorm_weight, outproj_weight, outproj_bias, ctx.autocast)
+                      initial_states, seq_idx, rmsnorm_weight, outproj_weight, outproj_bias, ctx.autocast,
+                      _Kept(y, SSDSaved(*ssd_kept)))
         return (g["zxbcdt"], g["conv1d_weight"], g["conv1d_bias"], g["dt_bias"], g["A"], g["D"], g["initial_states"],
                 None, g["rmsnorm_weight"], g["outproj_weight"], g["outproj_bias"], None, None)
 
@@ -418,7 +471,7 @@ def mamba_split_conv1d_scan_combined(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight,
             outproj_weight, outproj_bias, dims, opts)
     else:
-        out, final_states = _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
-                                     seq_idx, rmsnorm_weight, outproj_weight, outproj_bias,
-                                     _autocast_dtype(zxbcdt.device))
+        out, final_states, _y, _inter = _forward(dims, opts, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
+                                                 initial_states, seq_idx, rmsnorm_weight, outproj_weight,
+                                                 outproj_bias, _autocast_dtype(zxbcdt.device))
     return (out, final_states) if return_final_states else out

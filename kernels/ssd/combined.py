@@ -9,8 +9,9 @@ Two fusions are options of `ssd_forward`, so that each path can be measured:
 The defaults below are what measured fastest (see their comments).
 
 The backward (`ssd_backward`, run by `mamba_chunk_scan_combined` through autograd) recomputes
-F1, F2 + F3 and F4 from the saved inputs (the forward saves no intermediate and no output),
-then runs four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks),
+what the forward did not keep of F1, F2 + F3 and F4 (the forward keeps no output, and of the
+intermediates no more bytes than mamba-ssm keeps of its output: SAVE_INTERMEDIATES), then runs
+four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks),
 chunk_scan_chunk_state_bwd_dx (B1 + B4 + B9: dx, dz, dD, per-position ddt/ddA sums),
 chunk_state_scan_bwd_dbdc (B5-B8: dB, dC) and chunk_cumsum_bwd (B10 and ddA's glue). Every
 reduction has a fixed order (no atomics), so gradients are bitwise reproducible.
@@ -127,6 +128,19 @@ def ssd_forward(
             "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
             f"mask miscompiles for some configs); use fuse_bmm=False. {UNSAFE_GPU_SEQ_IDX}=1 runs it anyway")
     fuse_sp = FUSE_STATE_PASSING_DEFAULT if fuse_state_passing is None else fuse_state_passing
+    out, final_states, _inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                         dt_softplus, dt_limit, fuse, fuse_sp)
+    return out, final_states
+
+
+def _forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+             D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+             initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
+             dt_limit: tuple[float, float], fuse: bool, fuse_sp: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates | None]:
+    """The checked forward; returns (out, final_states, intermediates). The intermediates are
+    the backward's own (what `_recompute` gives for these inputs) on the default path (F2 + F3
+    fused, F4 split), None on the others."""
     # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
     B, C = B.to(x.dtype), C.to(x.dtype)
     dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
@@ -140,7 +154,8 @@ def ssd_forward(
         prev_states, final_states = state_passing._launch(states, dA_cumsum, initial_states, seq_idx, x.dtype)
     cb = None if fuse else bmm._launch(C, B, chunk_size, seq_idx)
     out = chunk_scan._launch(x, cb, B if fuse else None, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
-    return out, final_states
+    inter = SSDIntermediates(dA_cumsum, dt_out, prev_states, cb) if fuse_sp and cb is not None else None
+    return out, final_states, inter
 
 
 @dataclasses.dataclass
@@ -156,11 +171,71 @@ class SSDIntermediates:
 
 def _recompute(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bx: torch.Tensor, Cx: torch.Tensor,
                chunk_size: int, dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
-               seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float]) -> SSDIntermediates:
-    dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    prev_states, _ = chunk_state_passing._launch(Bx, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
-    cb = bmm._launch(Cx, Bx, chunk_size, seq_idx)
+               seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float],
+               saved: SSDSaved | None = None) -> SSDIntermediates:
+    """The intermediates for the backward: those in `saved` as they are, the others recomputed."""
+    saved = saved or SSDSaved()
+    if saved.dA_cumsum is not None and saved.dt_out is not None:
+        dA_cumsum, dt_out = saved.dA_cumsum, saved.dt_out
+    else:
+        dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+    prev_states = saved.prev_states
+    if prev_states is None:
+        prev_states, _ = chunk_state_passing._launch(Bx, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
+    cb = saved.cb if saved.cb is not None else bmm._launch(Cx, Bx, chunk_size, seq_idx)
     return SSDIntermediates(dA_cumsum, dt_out, prev_states, cb)
+
+
+# The autograd forward keeps some of the intermediates its backward would recompute, within
+# what mamba-ssm's `MambaChunkScanCombinedFn` keeps beyond the inputs (its output, or the
+# output before the z gate, in x's dtype, and dA_cumsum in fp32): so the activations held
+# between forward and backward are never larger than mamba-ssm's. Most time saved first:
+# the states entering each chunk (F2 + F3, the dearest recompute), F1's dA_cumsum with dt~,
+# F4's C B^T; each is kept if it still fits. At Nemotron-3 Nano's dims (dstate = chunk_size)
+# the states are exactly the output's size, so they are kept and F1 and F4 are recomputed;
+# at dstate 256, chunk 128 (Nemotron-H 47B) the states are twice the output and F1 and F4
+# are kept instead. False: keep nothing (every intermediate recomputed, the earlier rule).
+SAVE_INTERMEDIATES = True
+_SAVE_ORDER = (("prev_states",), ("dA_cumsum", "dt_out"), ("cb",))
+
+
+@dataclasses.dataclass
+class SSDSaved:
+    """The intermediates the autograd forward kept (see SAVE_INTERMEDIATES); None: recomputed."""
+
+    dA_cumsum: torch.Tensor | None = None
+    dt_out: torch.Tensor | None = None
+    prev_states: torch.Tensor | None = None
+    cb: torch.Tensor | None = None
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.dA_cumsum, self.dt_out, self.prev_states, self.cb
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def saved_for_backward(x: torch.Tensor, inter: SSDIntermediates | None) -> SSDSaved:
+    """Which of the forward's intermediates the autograd forward keeps (SAVE_INTERMEDIATES)."""
+    if inter is None:
+        return SSDSaved()
+    return keep_within(inter, _nbytes(x) + _nbytes(inter.dA_cumsum))  # mamba-ssm's output and dA_cumsum
+
+
+def keep_within(inter: SSDIntermediates | None, budget: int) -> SSDSaved:
+    """The intermediates to keep in at most `budget` bytes, most time saved first (none
+    without SAVE_INTERMEDIATES)."""
+    kept = SSDSaved()
+    if not SAVE_INTERMEDIATES or inter is None:
+        return kept
+    for names in _SAVE_ORDER:
+        size = sum(_nbytes(getattr(inter, n)) for n in names)
+        if size <= budget:
+            budget -= size
+            for n in names:
+                setattr(kept, n, getattr(inter, n))
+    return kept
 
 
 def ssd_recompute_forward(
@@ -177,15 +252,60 @@ def ssd_recompute_forward(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+    saved: SSDSaved | None = None,
 ) -> tuple[torch.Tensor, SSDIntermediates]:
     """The forward's output (as `ssd_forward`'s, F1 -> F2 + F3 -> F4 -> F5) with the intermediates
     that `ssd_backward` recomputes, for a backward that needs the SSD output too (the fused
-    layer's norm): handing them to `ssd_backward(intermediates=...)` skips its recompute."""
+    layer's norm): handing them to `ssd_backward(intermediates=...)` skips its recompute.
+    saved: intermediates the forward kept (used as they are; the rest recomputed)."""
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
-    inter = _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
+    inter = _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit, saved)
     out = chunk_scan._launch(x, inter.cb, None, Cx, inter.dt_out, inter.dA_cumsum, inter.prev_states, D, z, seq_idx)
     return out, inter
+
+
+def ssd_intermediates(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+    saved: SSDSaved | None = None,
+) -> SSDIntermediates:
+    """`ssd_recompute_forward`'s intermediates without the output (F1, F2 + F3, F4: those not in `saved`)."""
+    return _recompute(x, dt, A, B.to(x.dtype), C.to(x.dtype), chunk_size, dt_bias, initial_states, seq_idx,
+                      dt_softplus, dt_limit, saved)
+
+
+def ssd_forward_with_intermediates(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
+) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates]:
+    """`ssd_forward` on its default path, also returning the intermediates it computed on the
+    way (bitwise those `ssd_recompute_forward` gives), for an autograd forward that keeps some."""
+    _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    out, final_states, inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                        dt_softplus, dt_limit, False, True)
+    assert inter is not None
+    return out, final_states, inter
 
 
 def ssd_backward(
@@ -236,17 +356,21 @@ def ssd_backward(
 
 
 class _MambaChunkScanCombined(torch.autograd.Function):
-    """Autograd for the SSD: saves the inputs only (mamba-ssm also saves the output)."""
+    """Autograd for the SSD: saves the inputs and, within what mamba-ssm saves beyond its inputs
+    (the output and dA_cumsum), some of the intermediates the backward needs (SAVE_INTERMEDIATES)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                 initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
                 dt_limit: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
-        out, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                                        initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
-                                        dt_limit=dt_limit)
-        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+        out, final_states, inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                            dt_softplus, dt_limit, FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT)
+        # Through save_for_backward (not ctx attributes), so saved-tensor hooks (offloading,
+        # activation checkpointing) see the kept intermediates too.
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
+                              *saved_for_backward(x, inter).tensors())
         ctx.chunk_size, ctx.dt_softplus, ctx.dt_limit = chunk_size, dt_softplus, dt_limit
         # An unused final_states gets no gradient (None), not a tensor of zeros: the backward
         # then skips reading it, and its kernel key says has_dfinal=0, as the specs tune it.
@@ -255,7 +379,7 @@ class _MambaChunkScanCombined(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, *kept = ctx.saved_tensors
         if x.is_cuda:
             # Autograd runs CUDA backwards on its own thread, where Triton's allocator (a
             # context variable Helion sets when a kernel's code loads, on the forward's thread)
@@ -263,9 +387,11 @@ class _MambaChunkScanCombined(torch.autograd.Function):
             helion.runtime.set_triton_allocator()
         if dout is None:
             dout = torch.zeros_like(x)
+        inter = ssd_intermediates(x, dt, A, B, C, ctx.chunk_size, dt_bias, initial_states, seq_idx, ctx.dt_softplus,
+                                  ctx.dt_limit, SSDSaved(*kept))
         g = ssd_backward(dout, dfinal, x, dt, A, B, C, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus,
-                         dt_limit=ctx.dt_limit)
+                         dt_limit=ctx.dt_limit, intermediates=inter)
         return (g["x"], g["dt"], g["A"], g["B"], g["C"], None, g["D"], g["z"], g["dt_bias"], g["initial_states"],
                 None, None, None)
 

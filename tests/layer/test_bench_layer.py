@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from autotune_cli.app import app
 from autotune_cli.benchmarks import layer
-from autotune_cli.benchmarks.common import LAYER_STAGES
+from autotune_cli.benchmarks.common import LAYER_STAGES, recomputing
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
 
 runner = CliRunner()
@@ -70,9 +70,12 @@ def test_every_timed_callable_of_ours_runs():
     assert out.shape == (2, 40, 32) and torch.isfinite(out).all()
     grads = layer.layer_step(ours_fn, s, i, backward=True)()
     assert [tuple(g.shape) for g in grads] == [(2, 40, 32), *(tuple(getattr(i, k).shape) for k in layer.WEIGHTS)]
+    again = recomputing(layer.layer_step(ours_fn, s, i, backward=True))()  # the layer_fwd_bwd_recompute row
+    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
     grads = layer.layer_step(ours_fn, s, i, backward=True, with_in_proj=False)()
     assert tuple(grads[0].shape) == (2, 40, s.d_in_proj) and len(grads) == len(layer.WEIGHTS)
     ours, _ = layer._stage_fns(s, i, LAYER_STAGES)
-    assert set(ours) == set(LAYER_STAGES) - {"layer_fwd", "layer_fwd_bwd", "fused_fwd", "fused_fwd_bwd"}
+    assert set(ours) == set(LAYER_STAGES) - {"layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_recompute", "fused_fwd",
+                                             "fused_fwd_bwd"}
     for stage, fn in ours.items():
         assert fn() is not None, stage

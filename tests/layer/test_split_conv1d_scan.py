@@ -305,11 +305,24 @@ def test_gradients_through_final_states_alone():
         assert err <= 2e-5 * max(1.0, ref[name].abs().max().item()), f"{name}: max error {err:.3e}"
 
 
-@pytest.mark.parametrize("options", [pytest.param({}, id="norm-out_proj"), pytest.param({"rmsnorm": False},
-                                                                                         id="no-norm-out_proj")])
-def test_one_training_step_launches_each_forward_kernel_twice_and_each_backward_once(tmp_path, options):
-    """The forward, then the backward's recompute (conv, SSD F1-F5, norm) handing the SSD's
-    F1-F4 to its backward: no third recompute. (Counted by the runtime's call record.)"""
+@pytest.mark.parametrize("keep", [pytest.param(True, id="keep"), pytest.param(False, id="recompute-all")])
+@pytest.mark.parametrize("options,kept_once", [
+    # The norm's backward and out_proj's weight gradient need the SSD output: kept (mamba-ssm's
+    # own out_x), so F5 is not run again; at these dims nothing else fits beside it.
+    pytest.param({}, ["ssd_chunk_scan"], id="norm-out_proj"),
+    pytest.param({"rmsnorm": False}, ["ssd_chunk_scan"], id="no-norm-out_proj"),
+    # Nothing needs the output: it is never recomputed, and F1's dA_cumsum and dt~ fit in its
+    # bytes (the states, in fp32 here, do not).
+    pytest.param({"rmsnorm": False, "out_dim": None}, ["ssd_chunk_scan", "ssd_chunk_cumsum"], id="no-norm-no-out_proj"),
+])
+def test_one_training_step_runs_each_backward_kernel_once_and_recomputes_what_was_not_kept(
+        tmp_path, monkeypatch, options, kept_once, keep):
+    """The forward, then the backward's recompute of what the forward did not keep (conv, SSD
+    F1-F5, norm) handing the SSD's F1-F4 to its backward: no third recompute. (Counted by the
+    runtime's call record.)"""
+    from mamba_tune.ssd import combined
+
+    monkeypatch.setattr(combined, "SAVE_INTERMEDIATES", keep)
     layer, _ = _layer(options, torch.float32)
     dout, _ = _out_grads(layer, False)
     path = tmp_path / "calls.json"
@@ -322,4 +335,22 @@ def test_one_training_step_launches_each_forward_kernel_twice_and_each_backward_
     if "rmsnorm" not in options:
         forward.append("gated_norm_fwd")
         backward.append("gated_norm_bwd")
-    assert calls == {**dict.fromkeys(forward, 2), **dict.fromkeys(backward, 1)}
+    once = [k for k in kept_once if keep or k == "ssd_chunk_scan" and "out_dim" in options]
+    expected = {**dict.fromkeys(forward, 2), **dict.fromkeys(once, 1), **dict.fromkeys(backward, 1)}
+    assert calls == expected
+
+
+@pytest.mark.parametrize("options", [pytest.param({"seq_idx": True, "initial_states": True, "dfinal": True},
+                                                  id="norm-seq_idx-init-dfinal"),
+                                     pytest.param({"rmsnorm": False, "out_dim": None}, id="no-norm-no-out_proj")])
+def test_kept_ssd_output_and_intermediates_give_the_recomputed_gradients_bitwise(monkeypatch, options):
+    from mamba_tune.ssd import combined
+
+    layer, with_dfinal = _layer(options, torch.bfloat16, seed=3)
+    dout, dfinal = _out_grads(layer, with_dfinal)
+    kept = _run(ours, layer, dout, dfinal)
+    monkeypatch.setattr(combined, "SAVE_INTERMEDIATES", False)
+    recomputed = _run(ours, layer, dout, dfinal)
+    for name, t in kept.items():
+        assert t is not None and recomputed[name] is not None, name
+        assert torch.equal(t, recomputed[name]), f"{name}: keeping the forward's tensors changes it"

@@ -280,3 +280,51 @@ def test_cumsum_bwd_check_at_nano_counts_ddt_in_dts_dtype(ssd_ref_mode):
     acc = check_accuracy(problem, problem.run(lambda *args: runtime.run(tk, args)), DEFAULT_TOLERANCES["bf16"])
     assert acc.max_abs_err["ddt"] > DEFAULT_TOLERANCES["bf16"].atol, acc  # it would fail an fp32-only bound
     assert acc.passed, acc
+
+
+# --- what the autograd forward keeps for the backward ---------------------------------
+
+
+def _kept(out: torch.Tensor) -> dict[str, bool]:
+    """Which intermediates out's autograd node kept (None: recomputed in the backward)."""
+    saved = out.grad_fn.saved_tensors
+    names = ("dA_cumsum", "dt_out", "prev_states", "cb")
+    return {n: t is not None for n, t in zip(names, saved[len(NAMES) + 1:], strict=True)}
+
+
+@pytest.mark.parametrize("shape,expect", [
+    # dstate = chunk_size (Nemotron-3 Nano's proportions): the entering states are the output's
+    # size, so they use up mamba-ssm's budget (output + dA_cumsum) and F1 and F4 are recomputed.
+    pytest.param((1, 64, 8, 32, 1, 16, 16), {"prev_states": True, "dA_cumsum": False, "cb": False}, id="N=Q"),
+    # dstate = 2 chunk_size (47B's): the states are twice the output; F1's and F4's outputs fit.
+    pytest.param((1, 64, 8, 32, 1, 32, 16), {"prev_states": False, "dA_cumsum": True, "cb": True}, id="N=2Q"),
+    # chunk_size = 2 dstate (Mamba2's): everything fits. (C B^T is fp32 and grows with chunk_size
+    # squared: 8 heads of 32 keep it below the output, as real head counts do.)
+    pytest.param((1, 64, 8, 32, 1, 16, 32), {"prev_states": True, "dA_cumsum": True, "cb": True}, id="Q=2N"),
+])
+def test_forward_keeps_intermediates_within_mamba_ssms_saved_bytes(shape, expect):
+    i = _inputs(shape, {"has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}, torch.bfloat16)
+    x = i.x.detach().requires_grad_()
+    out = mamba_chunk_scan_combined(x, i.dt, i.A, i.B, i.C, i.chunk_size, **i.kwargs())
+    kept = _kept(out)
+    assert kept["dA_cumsum"] == kept["dt_out"]
+    assert {k: kept[k] for k in expect} == expect
+    # Never more bytes than mamba-ssm keeps beyond its inputs: its output and dA_cumsum (fp32).
+    b, L, H, _P, _G, _N, Q = shape
+    budget = x.numel() * x.element_size() + b * H * (-(-L // Q)) * Q * 4
+    extra = out.grad_fn.saved_tensors[len(NAMES) + 1:]
+    assert sum(t.numel() * t.element_size() for t in extra if t is not None) <= budget
+
+
+@pytest.mark.parametrize("shape", [pytest.param(s.values[0], id=s.id) for s in SHAPES])
+def test_kept_intermediates_give_the_recomputed_gradients_bitwise(shape, monkeypatch):
+    from mamba_tune.ssd import combined
+
+    options = {"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1, "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
+    i = _inputs(shape, options, torch.bfloat16, seed=4)
+    dy, dfinal = _out_grads(i, True)
+    kept = _our_grads(i, dy, dfinal)
+    monkeypatch.setattr(combined, "SAVE_INTERMEDIATES", False)
+    recomputed = _our_grads(i, dy, dfinal)
+    for name in kept:
+        assert torch.equal(kept[name], recomputed[name]), f"d{name}: kept intermediates change the gradient"
