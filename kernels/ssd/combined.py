@@ -336,7 +336,8 @@ def ssd_backward(
     common.check_shape("dout", dy, tuple(x.shape), "batch, seqlen, nheads, headdim")
     dy = dy.to(x.dtype).contiguous()
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
-    # Recompute the forward's intermediates (F1, F2 + F3, F4): nothing but inputs was saved.
+    # The forward's intermediates (F1, F2 + F3, F4): handed in (the autograd forward's kept ones
+    # completed by `_recompute`), or all recomputed from the inputs.
     inter = intermediates or _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus,
                                         dt_limit)
     dA_cumsum, dt_out, prev_states, cb = inter.dA_cumsum, inter.dt_out, inter.prev_states, inter.cb
