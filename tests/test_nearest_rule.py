@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 from bundles import entry, norm_dims
 
 from mamba_tune import runtime
@@ -63,3 +66,28 @@ def test_structural_dims_and_key_shape_must_match():
 
 def test_exact_key_is_its_own_nearest():
     assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(nheads=32), _scan()) == _scan()
+
+
+def test_a_neutral_dim_is_crossed_only_where_no_entry_matches_it():
+    # The norm's weight dtype leaves its config space unchanged (tests/test_warm_start.py): a
+    # bf16-weight call takes the fp32-weight entry of its shape when no bf16-weight entry is near.
+    assert GATED_NORM_FWD.neutral_dims == ("weight_fp32",)
+    call = norm_dims(rows=16384, weight_fp32=0)
+    fp32_same = norm_dims(rows=16384, weight_fp32=1)
+    assert _pick(GATED_NORM_FWD, call, fp32_same) == fp32_same
+    # An entry with the call's own weight dtype ranks first, even one farther in size.
+    bf16_far = norm_dims(rows=8192, weight_fp32=0)
+    assert _pick(GATED_NORM_FWD, call, fp32_same, bf16_far) == bf16_far
+    # Across the neutral dim the size rule still holds, and the other structural dims must match.
+    assert _pick(GATED_NORM_FWD, call, norm_dims(rows=16384 * 8, weight_fp32=1)) is None
+    assert _pick(GATED_NORM_FWD, call, norm_dims(rows=16384, d=2048, weight_fp32=1)) is None
+    # Kernels without neutral dims never cross a structural dim.
+    assert SSD_CHUNK_SCAN.neutral_dims == ()
+    assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(has_D=0)) is None
+
+
+def test_neutral_dims_must_be_structural_key_dims():
+    with pytest.raises(ValueError, match="neutral_dims"):
+        dataclasses.replace(GATED_NORM_FWD, neutral_dims=("rows",))
+    with pytest.raises(ValueError, match="neutral_dims"):
+        dataclasses.replace(GATED_NORM_FWD, neutral_dims=("not_a_dim",))

@@ -181,9 +181,9 @@ def _baseline_bwd(dims, dtype, device, seed) -> Baseline | None:
     return Baseline(name, fn)
 
 
-# The weight's dtype changes one small load, not the config space (the same structural
-# fingerprint: tests/test_warm_start.py): a search for one weight dtype may start from the other's.
-_SEED_ACROSS = ("weight_fp32",)
+# A search for one weight dtype may start from the other's entries (the runtime kernels'
+# neutral dims: the same config space).
+_SEED_ACROSS = gated.NEUTRAL_DIMS
 
 GATED_NORM_FWD = TunableKernel(
     runtime=gated.GATED_NORM_FWD,

@@ -385,6 +385,11 @@ def _bwd_default(dims: dict[str, int]) -> dict[str, Any]:
     return bwd_config(dims, 16, 4)
 
 
+# The weight's dtype changes one small load, not the config space (the same structural
+# fingerprint: tests/test_warm_start.py): an entry for one weight dtype serves the other where
+# it has none (runtime's nearest rule), and a search for one may start from the other's.
+NEUTRAL_DIMS = ("weight_fp32",)
+
 GATED_NORM_FWD = runtime.RuntimeKernel(
     name="gated_norm_fwd",
     family="norm",
@@ -393,6 +398,7 @@ GATED_NORM_FWD = runtime.RuntimeKernel(
     size_dims=("rows",),
     dims_from_args=_fwd_dims_from_args,
     default_config=_fwd_default,
+    neutral_dims=NEUTRAL_DIMS,
 )
 
 GATED_NORM_BWD = runtime.RuntimeKernel(
@@ -403,6 +409,7 @@ GATED_NORM_BWD = runtime.RuntimeKernel(
     size_dims=("rows",),
     dims_from_args=_bwd_dims_from_args,
     default_config=_bwd_default,
+    neutral_dims=NEUTRAL_DIMS,
 )
 
 __all__ = ["layernorm_fn", "rmsnorm_fn", "RMSNormGated", "LayerNormGated", "GATED_NORM_FWD", "GATED_NORM_BWD"]
