@@ -27,9 +27,12 @@ def nemotron_h() -> torch.nn.Module:
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     # M: Mamba-2 mixer, *: attention, -: MLP (the checkpoints' hybrid_override_pattern).
+    # 8 heads: the in_proj output is 2 * 128 + 2 * 2 * 16 + 8 = 328 wide, a multiple of 8, which
+    # the causal-conv1d package needs of the channel-last conv input NemotronH hands it (with
+    # 4 heads, 196, its own path raised on the H200 where causal-conv1d is installed).
     return NemotronHForCausalLM(NemotronHConfig(
         vocab_size=VOCAB, hidden_size=32, hybrid_override_pattern="M*M-", num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, intermediate_size=48, ssm_state_size=16, mamba_num_heads=4,
+        num_key_value_heads=1, head_dim=16, intermediate_size=48, ssm_state_size=16, mamba_num_heads=8,
         mamba_head_dim=16, n_groups=2, chunk_size=16))
 
 
