@@ -76,6 +76,34 @@ def test_forward_and_gradients_vs_mamba_ssm_fused(options, with_dfinal):
         _assert_bounded(name, ours[name], ref[name], theirs[name])
 
 
+# transformers' tiny Mamba2 (tests/hf_tiny.py: hidden 32, expand 2, 4 heads of 16, 2 groups,
+# dstate 16, chunk 16), its training batch (4 x 256) and options (norm after the gate, eps 1e-5).
+TINY_MAMBA2 = {"nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_size": 16, "out_dim": 32,
+               "norm_before_gate": False, "outproj_bias": False, "rmsnorm_eps": 1e-5}
+
+
+def test_layer_at_transformers_tiny_mamba2_dims_vs_mamba_ssm_fused():
+    """On the H200 (session 12) the tiny Mamba2's training gradients, patched, were 2.2-4x further
+    from fp32 than its own path's (mamba-ssm's fused layer); on the CPU (ref mode) ours is as close
+    as eager bf16. This is the layer alone at those dims against mamba-ssm's fused function, with
+    a bound relative to each gradient's size (the Nano test's atol is at least 1e-2 absolute, looser
+    than these gradients): it says whether the gap is in the layer. Errors are printed (-s)."""
+    theirs_fn = _mamba_ssm_fused()
+    layer = Layer.make(torch.bfloat16, 0, device="cuda", batch=4, seqlen=256, **TINY_MAMBA2)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    dout = torch.randn(4, 256, TINY_MAMBA2["out_dim"], generator=gen, device="cuda").to(torch.bfloat16)
+    ours = grads(mamba_tune.mamba_split_conv1d_scan_combined, layer, dout, None)
+    theirs = mamba_ssm_grads(theirs_fn, layer, dout, None)
+    ref = reference_grads(layer, dout, None)
+    errs = {name: ((ours[name].float() - ref[name].float()).abs().max().item(),
+                   (theirs[name].float() - ref[name].float()).abs().max().item(),
+                   ref[name].abs().max().item()) for name in sorted(ours)}
+    for name, (e_ours, e_theirs, size) in errs.items():
+        print(f"\n  {name}: ours {e_ours:.3e} / mamba-ssm {e_theirs:.3e} (max |fp32| {size:.3e})", end="")
+    for name, (e_ours, e_theirs, size) in errs.items():
+        assert e_ours <= 2 * e_theirs + 1e-2 * size, f"{name}: max error {e_ours:.3e} > 2 * {e_theirs:.3e} + 1% of {size:.3e}"
+
+
 def test_gradients_are_bitwise_reproducible():
     layer = _layer({"seq_idx": True, "initial_states": True})
     dout, dfinal = _out_grads(layer, True)
