@@ -7,13 +7,17 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from autotune_cli.tuning import ModelShape, TunableKernel, all_kernels
+from autotune_cli.kernel_keys import ModelShape
 from mamba_tune.bundle import Bundle, Entry
 from mamba_tune.vocab import torch_dtype
+
+# torch, helion and the kernels (autotune_cli.tuning) load where they are used: importing
+# them takes seconds, and `python -m autotune_cli.lowering` with bad arguments answers
+# before that.
+if TYPE_CHECKING:
+    from autotune_cli.tuning import TunableKernel
 
 
 def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any] | None) -> str:
@@ -54,6 +58,8 @@ def cpu_loweable(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
     """(key, error) for every entry whose config no longer lowers; empty when all do."""
+    from autotune_cli.tuning import all_kernels
+
     kernels = all_kernels()
     problems: list[tuple[str, str]] = []
     for key, entry in bundle.entries.items():
@@ -95,6 +101,7 @@ def meta_args(tk: TunableKernel, dims: dict[str, int], dtype: str) -> tuple[Any,
     The problem is built under a fake tensor mode, so a 16384 x 16384 input costs nothing;
     binding reads only what a meta tensor keeps.
     """
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -115,11 +122,12 @@ def shape_args(tk: TunableKernel, dims: dict[str, int], dtype: str) -> tuple[Any
     storage of the same size, one per fake storage, so aliasing inputs still alias. A fresh
     storage is as aligned as the one `make_problem` allocates (the CPU allocator's 64 bytes).
     """
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         problem = tk.make_problem(dims, torch_dtype(dtype), torch.device("cpu"), 0)
-    storages: dict[int, torch.UntypedStorage] = {}
+    storages: dict[int, Any] = {}
 
     def real(a: Any) -> Any:
         if not isinstance(a, torch.Tensor):
@@ -170,6 +178,8 @@ def config_problem(tk: TunableKernel, entry: Entry) -> str | None:
 
 def invalid_configs(bundle: Bundle) -> list[tuple[str, str]]:
     """(key, why) for every entry whose config Helion rejects (or whose kernel is unknown)."""
+    from autotune_cli.tuning import all_kernels
+
     kernels = all_kernels()
     problems: list[tuple[str, str]] = []
     for key, entry in bundle.entries.items():
@@ -233,9 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     SEED_SHAPES, and every committed bundle config. `--shard I/N` does the I-th of N
     interleaved parts of that work (the kernels, then the bundles), so that N processes can
     share it."""
-    from mamba_tune.bundle import BundleError, find_bundles, load_bundle
-    from mamba_tune.runtime import default_bundle_paths
-
     args = sys.argv[1:] if argv is None else argv
     index, count = 0, 1
     if args:
@@ -246,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         if index >= count:
             print(f"--shard {args[1]}: I must be below N", file=sys.stderr)
             return 2
+    from autotune_cli.tuning import all_kernels
+    from mamba_tune.bundle import BundleError, find_bundles, load_bundle
+    from mamba_tune.runtime import default_bundle_paths
+
     work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
     work += [("bundle", path) for path in find_bundles(default_bundle_paths())]
     failures = 0

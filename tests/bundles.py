@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune_cli.tuning import get
+from autotune_cli.kernel_keys import all_keys
 from mamba_tune.bundle import (
     Accuracy,
     Bundle,
@@ -54,7 +54,11 @@ def entry(kernel: str = "gated_norm_fwd", dims: dict[str, int] | None = None, dt
 def bundle(*entries: Entry, gpu: GpuInfo = H200, versions: Versions = VERSIONS,
            kernel_hashes: dict[str, str] | None = None) -> Bundle:
     kernels = sorted({e.kernel for e in entries})
-    hashes = kernel_hashes or {k: get(k).source_sha256() for k in kernels}
+    # The kernels' source hashes read from their files (kernel_keys: torch-free, equal to the
+    # runtime's hash, tests/test_kernel_keys.py), so a child process that only builds and
+    # writes a bundle (the umask test) does not import torch and helion.
+    keys = all_keys()
+    hashes = kernel_hashes or {k: keys[k].source_sha256() for k in kernels}
     prov = Provenance(tool_version="0.1.0", git_sha="abc", created="2026-11-29T00:00:00+00:00",
                       updated="2026-11-29T00:00:00+00:00", gpu=gpu, versions=versions,
                       kernels={k: KernelProvenance(source_sha256=hashes[k]) for k in kernels})

@@ -38,6 +38,16 @@ if _XDIST_WORKERS and "torch" in sys.modules:
 requires_cuda = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU")
 
 
+@pytest.fixture(scope="session")
+def lowering_processes() -> int:
+    """How many compiled-mode processes a lowering test splits its cases over: the cores this
+    pytest process has, at most two. Alone on CI's two cores that is two; under pytest-xdist
+    the workers already keep the cores busy (CI: two workers on two cores), and a second
+    process would only add its imports (torch, helion, the kernels: about 7 s of CPU each)
+    and lose Helion's per-process cache of kernels bound at the same shapes."""
+    return max(1, min(2, (os.cpu_count() or 1) // int(_XDIST_WORKERS or 1)))
+
+
 @pytest.fixture
 def nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make torch.empty / empty_like return NaN-filled tensors (FLA's habit): a kernel that

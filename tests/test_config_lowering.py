@@ -19,20 +19,18 @@ from mamba_tune.runtime import default_bundle_paths
 pytestmark = pytest.mark.slow
 
 
-# Processes that share the lowering (`--shard I/N`): CI's machine has two cores.
-SHARDS = 2
-
-
-def test_default_configs_and_committed_bundles_lower(clean_env):
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{SHARDS}"],
+def test_default_configs_and_committed_bundles_lower(clean_env, lowering_processes):
+    # Processes that share the lowering (`--shard I/N`): one per core the test has.
+    shards = lowering_processes
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{shards}"],
                               env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(SHARDS)]
+             for i in range(shards)]
     outs = [p.communicate(timeout=1200) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, (out + err)[-4000:]
     stdout = "".join(out for out, _ in outs)
     assert "FAIL" not in stdout
-    for name in all_kernels():  # every kernel, in one shard or the other
+    for name in all_kernels():  # every kernel, in one of the shards
         assert f"ok   {name} " in stdout, name
     for path in find_bundles(default_bundle_paths()):
         n = len(load_bundle(path).entries)

@@ -3,9 +3,9 @@
 Ref mode accepts kernel bodies that compiled mode rejects, so each kernel is lowered with
 every optional input absent and present, widths 2 and 4, fp32 and bf16, contiguous and
 channel-last x, and at a real model's sizes (Nemotron-3 Nano's xBC, meta tensors); the
-search seeds are checked as `autotune_cli.lowering` checks them. The cases run in two
-worker processes without HELION_INTERPRET (compiled mode is fixed per process when a
-kernel is created).
+search seeds are checked as `autotune_cli.lowering` checks them. The cases run in worker
+processes without HELION_INTERPRET (compiled mode is fixed per process when a kernel is
+created): one per core the test has (tests/conftest.py's `lowering_processes`).
 """
 
 from __future__ import annotations
@@ -93,13 +93,14 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lowered(clean_env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    def run(half: list[tuple[str, str, dict[str, int], str, bool]]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(half), capture_output=True,
+def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dict[str, Any]]:
+    def run(part: list[tuple[str, str, dict[str, int], str, bool]]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(part), capture_output=True,
                               text=True, env=clean_env, timeout=1500)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(run, [CASES[0::2], CASES[1::2]]))
+    n = lowering_processes
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        done = list(pool.map(run, [CASES[i::n] for i in range(n)]))
     results: dict[str, dict[str, Any]] = {}
     for proc in done:
         for line in proc.stdout.splitlines():

@@ -6,8 +6,9 @@ several shapes and option sets: seqlen not a multiple of chunk_size, ngroups 1 a
 one head, odd sizes, every optional input absent and present, and a real model's sizes.
 
 Lowering needs Helion's compiled mode, which is fixed per process when a kernel is
-created; the session may be in ref mode (tests/conftest.py), so the cases run in two
-worker processes without HELION_INTERPRET (one per CI core), once per module.
+created; the session may be in ref mode (tests/conftest.py), so the cases run in worker
+processes without HELION_INTERPRET (one per core the test has: tests/conftest.py's
+`lowering_processes`), once per module.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
 
 
 @pytest.fixture(scope="module")
-def lowered(clean_env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    def run(half: list[tuple[str, str, dict[str, int], str]]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(half), capture_output=True,
+def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dict[str, Any]]:
+    def run(part: list[tuple[str, str, dict[str, int], str]]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(part), capture_output=True,
                               text=True, env=clean_env, timeout=900)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(run, [CASES[0::2], CASES[1::2]]))
+    n = lowering_processes
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        done = list(pool.map(run, [CASES[i::n] for i in range(n)]))
     results: dict[str, dict[str, Any]] = {}
     for proc in done:
         for line in proc.stdout.splitlines():
