@@ -34,6 +34,7 @@ from mamba_tune.ssd.combined import (
     SSDIntermediates,
     SSDSaved,
     keep_within,
+    nbytes,
     ssd_backward,
     ssd_forward_with_intermediates,
     ssd_intermediates,
@@ -250,13 +251,13 @@ def _keep(dims: _Dims, y: torch.Tensor, inter: SSDIntermediates, rmsnorm_weight:
     them (ssd.combined.SAVE_INTERMEDIATES; none when that is off)."""
     if not combined.SAVE_INTERMEDIATES:
         return _Kept()
-    budget = y.numel() * y.element_size()
+    budget = nbytes(y)
     if rmsnorm_weight is not None:
         budget += dims.batch * dims.seqlen * dims.ngroups * 4
     kept = _Kept()
     if rmsnorm_weight is not None or outproj_weight is not None:
         kept.y = y
-        budget -= y.numel() * y.element_size()
+        budget -= nbytes(y)
     kept.ssd = keep_within(inter, budget)
     return kept
 

@@ -212,7 +212,8 @@ class SSDSaved:
         return self.dA_cumsum, self.dt_out, self.prev_states, self.cb
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def nbytes(t: torch.Tensor) -> int:
+    """A tensor's size in memory (what the keep rule counts)."""
     return t.numel() * t.element_size()
 
 
@@ -220,7 +221,7 @@ def saved_for_backward(x: torch.Tensor, inter: SSDIntermediates | None) -> SSDSa
     """Which of the forward's intermediates the autograd forward keeps (SAVE_INTERMEDIATES)."""
     if inter is None:
         return SSDSaved()
-    return keep_within(inter, _nbytes(x) + _nbytes(inter.dA_cumsum))  # mamba-ssm's output and dA_cumsum
+    return keep_within(inter, nbytes(x) + nbytes(inter.dA_cumsum))  # mamba-ssm's output and dA_cumsum
 
 
 def keep_within(inter: SSDIntermediates | None, budget: int) -> SSDSaved:
@@ -230,7 +231,7 @@ def keep_within(inter: SSDIntermediates | None, budget: int) -> SSDSaved:
     if not SAVE_INTERMEDIATES or inter is None:
         return kept
     for names in _SAVE_ORDER:
-        size = sum(_nbytes(getattr(inter, n)) for n in names)
+        size = sum(nbytes(getattr(inter, n)) for n in names)
         if size <= budget:
             budget -= size
             for n in names:
