@@ -299,14 +299,13 @@ def ssd_forward_with_intermediates(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
-) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates]:
+) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates | None]:
     """`ssd_forward` on its default path, also returning the intermediates it computed on the
-    way (bitwise those `ssd_recompute_forward` gives), for an autograd forward that keeps some."""
+    way (bitwise those `ssd_recompute_forward` gives; None if the defaults name another path),
+    for an autograd forward that keeps some."""
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    out, final_states, inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                        dt_softplus, dt_limit, False, True)
-    assert inter is not None
-    return out, final_states, inter
+    return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
+                    FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT)
 
 
 def ssd_backward(
@@ -366,9 +365,9 @@ class _MambaChunkScanCombined(torch.autograd.Function):
                 chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                 initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
                 dt_limit: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
-        _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-        out, final_states, inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                            dt_softplus, dt_limit, FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT)
+        out, final_states, inter = ssd_forward_with_intermediates(
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
+            dt_softplus=dt_softplus, dt_limit=dt_limit)
         # Through save_for_backward (not ctx attributes), so saved-tensor hooks (offloading,
         # activation checkpointing) see the kept intermediates too.
         ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
