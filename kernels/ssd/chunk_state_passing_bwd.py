@@ -140,8 +140,10 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_seq_idx": int(seq_idx is not None), "has_dfinal": int(dfinal is not None)}
 
 
-# Default (no tuned entry): 32-row state blocks give 512 programs at Nano TP1 (b 2, H 64, P 64, N 128).
-_DEFAULT = common.clamped_default([32, 64, 64], ("headdim", "dstate", "chunk_size"), 4, 3)
+# Default (no tuned entry): 32-row state blocks give 512 programs at Nano TP1 (b 2, H 64, P 64,
+# N 128); the 128-wide k step with 2 warps is the Nano entries' (the earlier 64-wide step with 4
+# warps was 1.2x slower than them on the H200).
+_DEFAULT = common.clamped_default([32, 64, 128], ("headdim", "dstate", "chunk_size"), 2, 2)
 
 
 SSD_CHUNK_STATE_PASSING_BWD = runtime.RuntimeKernel(
