@@ -16,6 +16,14 @@ group's heads in order: dCB tiles live in registers (rounded to the dots' dtype,
 mamba-ssm's bmm backward reads them), every sum has a fixed order, no atomics, and dB
 and dC are written once in the inputs' dtype.
 
+Where a group has many heads and there are few (chunk, group) pairs (one group of 80 heads
+in Mamba2 / Zamba2: 64 pairs at batch 2, seqlen 8192 with chunk 256), one program per pair
+and dstate block leaves most SMs idle while it walks all the heads. The host then splits each
+group's heads into `head_splits` consecutive runs, one program each, writing fp32 partial dB
+and dC that it sums over the runs in a fixed order (mamba-ssm splits its heads by SM count and
+adds the partials with torch too). With one run (Nemotron's 8-head groups) the program writes
+dB and dC in the inputs' dtype as before.
+
 Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
 `autotune_cli/tuning/ssd/`).
 """
@@ -36,6 +44,8 @@ from mamba_tune.ssd import common
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
                ignore_warnings=[helion.exc.TensorOperationInWrapper])
 def chunk_state_scan_bwd_dbdc_kernel(
+    dB: torch.Tensor,  # (splits, batch, seqlen, ngroups, dstate): x's dtype for one split, else fp32 partials
+    dC: torch.Tensor,  # like dB
     dy: torch.Tensor,  # (batch, seqlen, nheads, headdim)
     z: torch.Tensor | None,  # like dy
     x: torch.Tensor,  # (batch, seqlen, nheads, headdim)
@@ -53,20 +63,23 @@ def chunk_state_scan_bwd_dbdc_kernel(
     nchunks = dt.size(2)
     chunk_size = hl.specialize(dt.size(3))
     heads_per_group = nheads // ngroups
+    splits = dB.size(0)
+    heads_per_split = (heads_per_group + splits - 1) // splits
     dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
-    dB = torch.empty_like(B)
-    dC = torch.empty_like(C)
     block_m = hl.register_block_size(16, chunk_size)
     block_n = hl.register_block_size(16, dstate)
     block_k = hl.register_block_size(16, chunk_size)
     block_q = hl.register_block_size(16, headdim)
-    for tile_g, tile_m, tile_n, tile_b in hl.tile(
-        [ngroups, seqlen, dstate, batch], block_size=[1, block_m, block_n, 1]
+    for tile_gs, tile_m, tile_n, tile_b in hl.tile(
+        [ngroups * splits, seqlen, dstate, batch], block_size=[1, block_m, block_n, 1]
     ):
         b = tile_b.begin
-        g = tile_g.begin
-        h0 = g * heads_per_group
+        g = tile_gs.begin // splits
+        sp = tile_gs.begin % splits
+        # This program's run of the group's heads: [h0, h1).
+        h0 = g * heads_per_group + sp * heads_per_split
+        h1 = min(h0 + heads_per_split, (g + 1) * heads_per_group)
         c = tile_m.begin // chunk_size
         c0 = c * chunk_size
         c_end = min(c0 + chunk_size, seqlen)
@@ -77,7 +90,7 @@ def chunk_state_scan_bwd_dbdc_kernel(
         acc_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         acc_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         # The state terms, head by head.
-        for tile_h in hl.tile(h0, h0 + heads_per_group, block_size=1):
+        for tile_h in hl.tile(h0, h1, block_size=1):
             h = tile_h.begin
             dA_m = dA_pos[b, h, tile_m]
             scale_m = torch.exp(dA_m)
@@ -99,7 +112,7 @@ def chunk_state_scan_bwd_dbdc_kernel(
         # dC: dCB rows of this block against B, columns c0 .. the block's last row.
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
             dcb = hl.zeros([tile_m, tile_k], dtype=torch.float32)
-            for tile_h in hl.tile(h0, h0 + heads_per_group, block_size=1):
+            for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
                 w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
                 for tile_q in hl.tile(headdim, block_size=block_q):
@@ -118,7 +131,7 @@ def chunk_state_scan_bwd_dbdc_kernel(
         # dB: dCB columns of this block against C, rows the block's first row .. the chunk's end.
         for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):
             dcb_t = hl.zeros([tile_m, tile_k], dtype=torch.float32)
-            for tile_h in hl.tile(h0, h0 + heads_per_group, block_size=1):
+            for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
                 w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
                 for tile_q in hl.tile(headdim, block_size=block_q):
@@ -135,21 +148,49 @@ def chunk_state_scan_bwd_dbdc_kernel(
                 keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
             dcb_t = torch.where(keep, dcb_t, 0.0)
             acc_b = hl.dot(dcb_t.to(x.dtype), C[b, tile_k, g, tile_n], acc=acc_b)
-        dB[b, tile_m, g, tile_n] = acc_b.to(dB.dtype)
-        dC[b, tile_m, g, tile_n] = acc_c.to(dC.dtype)
+        dB[sp, b, tile_m, g, tile_n] = acc_b.to(dB.dtype)
+        dC[sp, b, tile_m, g, tile_n] = acc_c.to(dC.dtype)
     return dB, dC
 
 
 # --- host launcher --------------------------------------------------------------------
 
 
+# Head runs per group: enough (chunk, group, run) triples for about this many programs per
+# dstate block (4 per SM on the H200's 132 SMs), and at most one run per head.
+TARGET_PROGRAMS = 512
+
+
+def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
+    """How many runs the host splits each group's heads into (1: no split, no partials)."""
+    heads_per_group = nheads // ngroups
+    want = min(heads_per_group, max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups))))
+    per_run = -(-heads_per_group // want)
+    return -(-heads_per_group // per_run)
+
+
+def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's dB and dC buffers: one split in x's dtype, else fp32 partials."""
+    splits = head_splits(x.shape[0], nchunks, B.shape[2], x.shape[2])
+    dtype = x.dtype if splits == 1 else torch.float32
+    shape = (splits, *B.shape)
+    return (torch.empty(shape, dtype=dtype, device=x.device), torch.empty(shape, dtype=dtype, device=x.device))
+
+
+def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dB or dC from the kernel's buffer: the partials summed over the runs in order."""
+    return part[0] if part.size(0) == 1 else part.sum(0).to(dtype)
+
+
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
             seq_idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype."""
-    args = (dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(), prev_states.to(x.dtype),
-            dstates.to(x.dtype), seq_idx)
-    return runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
+    dB_part, dC_part = out_buffers(x, B, dt.shape[2])
+    args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
+            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx)
+    dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
+    return sum_splits(dB_part, x.dtype), sum_splits(dC_part, x.dtype)
 
 
 # --- runtime declaration ----------------------------------------------------------------
@@ -158,7 +199,7 @@ DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx = args
+    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_z": int(z is not None),
@@ -179,4 +220,5 @@ SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(
     size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
+    dtype_arg=2,  # dy: the model's dtype (dB and dC are fp32 partials when the heads are split)
 )

@@ -80,6 +80,26 @@ def test_backward_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_
         _assert_bounded(f"{stage}.{name}", outputs[name], ref[name], low[name], atol)
 
 
+@pytest.mark.parametrize("target,splits", [pytest.param(1, 1, id="one-run"), pytest.param(10**6, 3, id="run-per-head")])
+@pytest.mark.parametrize("flags", [pytest.param(0, id="flags-off"), pytest.param(1, id="flags-on")])
+def test_dbdc_head_runs_agree_with_the_reference(flags, target, splits, monkeypatch):
+    """dB and dC with each group's heads in one program (Nemotron's groups) and split into runs
+    with fp32 partials (Mamba2's one 80-head group): both within the stage's bound."""
+    from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
+
+    monkeypatch.setattr(kernel, "TARGET_PROGRAMS", target)
+    tk = get("ssd_chunk_state_scan_bwd_dbdc")
+    shape = (2, 80, 6, 24, 2, 24, 32)  # 3 heads per group
+    dims = {k: v for k, v in _dims(shape, has_z=flags, has_seq_idx=flags).items() if k in tk.dims}
+    problem = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
+    assert problem.args[0].shape[0] == splits
+    assert problem.args[0].dtype == (torch.bfloat16 if splits == 1 else torch.float32)
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    ref, low = problem.reference(), problem.lowp_reference()
+    for name in ref:
+        _assert_bounded(f"dbdc.{name}", outputs[name], ref[name], low[name], 2e-3)
+
+
 # --- the autograd drop-in -------------------------------------------------------------
 
 OPTIONS = [

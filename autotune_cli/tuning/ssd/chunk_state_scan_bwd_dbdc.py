@@ -19,7 +19,9 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     s = bwd_inputs.StageInputs.make(dims, dtype, device, seed)
     i = s.inp
     dstates = s.dstates_lowp
-    args = (s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates, i.seq_idx)
+    dB_part, dC_part = kernel.out_buffers(i.x, i.B, s.dt_out.shape[2])
+    args = (dB_part, dC_part, s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
+            i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
         g = s.stage_grads(lowp)
@@ -32,9 +34,10 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
         args=args,
         reference=lambda: ref(False),
         lowp_reference=lambda: ref(True),
-        outputs=lambda res: {"dB": res[0].float(), "dC": res[1].float()},
-        bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 4 * i.C.numel()) * e + 2 * dstates.numel() * e
-        + 2 * s.dt_out.numel() * 4,
+        outputs=lambda res: {"dB": kernel.sum_splits(res[0], i.x.dtype).float(),
+                             "dC": kernel.sum_splits(res[1], i.x.dtype).float()},
+        bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 2 * i.C.numel()) * e + 2 * dstates.numel() * e
+        + 2 * s.dt_out.numel() * 4 + 2 * dB_part.numel() * dB_part.element_size(),
         flops=4 * b * L * H * P * N + 2 * b * L * H * P * i.chunk_size + 2 * b * L * G * N * i.chunk_size,
     )
 
