@@ -4,6 +4,9 @@ Each backward kernel through its tuning record at Nemotron-3 Nano's dims (bf16, 
 seqlen 8192); the whole forward+backward against the fp32 reference gradients and against
 mamba-ssm's backward on the same inputs: our error against fp32 within twice mamba-ssm's
 plus atol, for every gradient; bitwise-equal gradients across runs; CUDA graph capture.
+ONE_GROUP (Mamba2 / Zamba2's one group of 80 heads) is where the dB/dC kernel splits a
+group's heads into runs with fp32 partials: the dB/dC stage, the gradients against mamba-ssm
+and the bitwise check run there too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ pytestmark = [
 ]
 
 NANO = ModelShape(batch=2, seqlen=8192, nheads=64, headdim=64, ngroups=8, dstate=128, chunk_size=128)
+ONE_GROUP = ModelShape(batch=2, seqlen=4096, nheads=80, headdim=64, ngroups=1, dstate=64, chunk_size=256)
 STAGES = ["ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
           "ssd_chunk_cumsum_bwd"]
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
@@ -41,10 +45,15 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
     assert err <= bound, f"{name}: max error {err:.3e} > {factor} * other error + atol = {bound:.3e}"
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_backward_stage_at_model_size(stage, nan_empty):
+@pytest.mark.parametrize("stage,shape", [*[pytest.param(s, NANO, id=s) for s in STAGES],
+                                         pytest.param("ssd_chunk_state_scan_bwd_dbdc", ONE_GROUP, id="dbdc-one-group")])
+def test_backward_stage_at_model_size(stage, shape, nan_empty):
     tk = get(stage)
-    dims = tk.dims_for(NANO)
+    dims = tk.dims_for(shape)
+    if shape is ONE_GROUP:
+        from mamba_tune.ssd.chunk_state_scan_bwd_dbdc import head_splits
+
+        assert head_splits(shape.batch, shape.seqlen // shape.chunk_size, shape.ngroups, shape.nheads) > 1
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cuda"), 0)
     outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
     ref, low = problem.reference(), problem.lowp_reference()
@@ -52,8 +61,8 @@ def test_backward_stage_at_model_size(stage, nan_empty):
         _assert_bounded(f"{stage}.{name}", outputs[name], ref[name], low[name], ATOL)
 
 
-def _inputs(flags: dict[str, int], seed: int, d_hp: bool = False) -> SSDInputs:
-    return SSDInputs.make({**mixer_dims(NANO), **flags}, torch.bfloat16, "cuda", seed, D_per_head=not d_hp)
+def _inputs(flags: dict[str, int], seed: int, d_hp: bool = False, shape: ModelShape = NANO) -> SSDInputs:
+    return SSDInputs.make({**mixer_dims(shape), **flags}, torch.bfloat16, "cuda", seed, D_per_head=not d_hp)
 
 
 def _grads(fn, i: SSDInputs, dy: torch.Tensor, dfinal: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -70,19 +79,20 @@ def _grads(fn, i: SSDInputs, dy: torch.Tensor, dfinal: torch.Tensor | None) -> d
 
 
 OPTIONS = [
-    pytest.param({}, False, id="mixer"),
-    pytest.param({"has_z": 1}, True, id="z-D_hp"),
-    pytest.param({"has_seq_idx": 1, "has_initial_states": 1}, False, id="seq_idx-init-dfinal"),
+    pytest.param({}, False, NANO, id="mixer"),
+    pytest.param({"has_z": 1}, True, NANO, id="z-D_hp"),
+    pytest.param({"has_seq_idx": 1, "has_initial_states": 1}, False, NANO, id="seq_idx-init-dfinal"),
+    pytest.param({"has_seq_idx": 1}, False, ONE_GROUP, id="one-group-seq_idx"),
 ]
 
 
-@pytest.mark.parametrize("flags,d_hp", OPTIONS)
-def test_gradients_vs_mamba_ssm(flags, d_hp):
+@pytest.mark.parametrize("flags,d_hp,shape", OPTIONS)
+def test_gradients_vs_mamba_ssm(flags, d_hp, shape):
     found = mamba_ssm_ops()
     if found is None:
         pytest.skip("mamba_ssm is not importable")
     mods, _ = found
-    i = _inputs(flags, 4, d_hp)
+    i = _inputs(flags, 4, d_hp, shape)
     gen = torch.Generator(device="cpu").manual_seed(5)
     dy = torch.randn(*i.x.shape, generator=gen).to(torch.bfloat16).cuda()
     dfinal = None
@@ -101,14 +111,15 @@ def test_gradients_vs_mamba_ssm(flags, d_hp):
         _assert_bounded(f"d{name} vs mamba-ssm", ours[name], ref[name], theirs[name], 1e-3)
 
 
-def test_backward_is_deterministic():
+@pytest.mark.parametrize("shape", [pytest.param(NANO, id="nano"), pytest.param(ONE_GROUP, id="one-group")])
+def test_backward_is_deterministic(shape):
     # No atomics: two runs give the same bits, with other work in between.
-    i = _inputs({"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1}, 6)
+    i = _inputs({"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1}, 6, shape=shape)
     gen = torch.Generator(device="cpu").manual_seed(6)
     dy = torch.randn(*i.x.shape, generator=gen).to(torch.bfloat16).cuda()
     dfinal = torch.randn(*i.initial_states.shape, generator=gen).cuda()
     a = _grads(mamba_chunk_scan_combined, i, dy, dfinal)
-    _grads(mamba_chunk_scan_combined, _inputs({}, 9), torch.randn_like(dy), None)
+    _grads(mamba_chunk_scan_combined, _inputs({}, 9, shape=shape), torch.randn_like(dy), None)
     b = _grads(mamba_chunk_scan_combined, i, dy, dfinal)
     for name in a:
         assert torch.equal(a[name], b[name]), f"d{name} differs between two runs"
