@@ -4,14 +4,22 @@ The same key in several bundles keeps the fastest entry (timing.tuned_ms). Timin
 comparable on one GPU model with one set of versions, so bundles of different GPUs or
 versions are refused unless the caller allows mixing (then the first bundle's provenance
 is kept and the others' entries are taken as they are).
+
+A kernel's entries are only valid for the kernel source they were tuned with (the bundle's
+per-kernel provenance). Where the bundles name different sources for one kernel, the merged
+bundle keeps that kernel's record and entries from the bundles tuned with the source in this
+checkout (else from the most recently updated bundle), and drops its other entries with a
+note: an entry tuned on an older source, labelled with the newer one, would pass for fresh.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from autotune_cli import environment as env
-from mamba_tune.bundle import Bundle, BundleError, load_bundle
+from autotune_cli.kernel_keys import KEYS
+from mamba_tune.bundle import Bundle, BundleError, KernelProvenance, load_bundle
 
 
 class MergeError(Exception):
@@ -21,6 +29,24 @@ class MergeError(Exception):
 def _identity(b: Bundle) -> tuple[str, str, str, str, str]:
     g, v = b.provenance.gpu, b.provenance.versions
     return g.name, g.compute_capability, v.helion, v.torch, v.triton
+
+
+def _current_sources() -> dict[str, str]:
+    """Each kernel's source hash in this checkout."""
+    return {k.name: k.source_sha256() for k in KEYS}
+
+
+def _kernel_records(bundles: list[tuple[Path, Bundle]]) -> dict[str, KernelProvenance]:
+    """The record each kernel keeps: the one tuned with this checkout's source where a bundle
+    has it, else the most recently updated bundle's."""
+    current = _current_sources()
+    chosen: dict[str, tuple[tuple[bool, str], KernelProvenance]] = {}
+    for _, b in bundles:
+        for name, kp in b.provenance.kernels.items():
+            rank = (kp.source_sha256 == current.get(name), b.provenance.updated or b.provenance.created)
+            if name not in chosen or rank > chosen[name][0]:
+                chosen[name] = (rank, kp)
+    return {name: kp for name, (_, kp) in chosen.items()}
 
 
 def merge_bundles(paths: list[Path], *, allow_mixed: bool = False) -> tuple[Bundle, list[str]]:
@@ -43,15 +69,18 @@ def merge_bundles(paths: list[Path], *, allow_mixed: bool = False) -> tuple[Bund
                     f"{p} was tuned on {g} (sm {cc}) with helion {h}, torch {t}, triton {tr}; {first_path} on "
                     f"{g0} (sm {cc0}) with helion {h0}, torch {t0}, triton {tr0}: timings do not compare "
                     "(pass --allow-mixed to merge anyway)")
-    entries = dict(first.entries)
+    kernels = _kernel_records(bundles)
+    entries: dict[str, Any] = {}
     failures = dict(first.failures)
-    kernels = dict(first.provenance.kernels)
-    source = {k: first_path for k in entries}
+    source: dict[str, Path] = {}
     notes: list[str] = []
-    for p, b in bundles[1:]:
-        for name, kp in b.provenance.kernels.items():
-            kernels.setdefault(name, kp)
+    for p, b in bundles:
         for key, e in b.entries.items():
+            kp = b.provenance.kernels.get(e.kernel)
+            if kp is not None and kernels.get(e.kernel) != kp:
+                notes.append(f"{key}: dropped from {p} (tuned with another source of {e.kernel}: "
+                             f"{kp.source_sha256[:12]} != {kernels[e.kernel].source_sha256[:12]})")
+                continue
             old = entries.get(key)
             if old is None:
                 entries[key] = e

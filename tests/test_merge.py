@@ -65,3 +65,27 @@ def test_merge_bad_bundle_is_one_line(tmp_path):
     bad.write_text("{not json")
     r = merge(str(a), str(bad), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "bad.json" in r.stderr
+
+
+def test_merge_keeps_one_kernel_source_and_drops_entries_tuned_on_another(tmp_path):
+    """A kernel re-tuned after its source changed: the merged bundle keeps the entries tuned with
+    this checkout's source, whichever bundle comes first, and drops the older ones (even when
+    faster), with a note; its record names this checkout's source. Before, the first bundle's
+    record was kept: the old entries passed for fresh and the new ones read as stale."""
+    from autotune_cli.kernel_keys import KEYS
+
+    current = {k.name: k.source_sha256() for k in KEYS}["gated_norm_fwd"]
+    old_same_key = entry(dims=norm_dims(rows=1024), tuned_ms=0.10)
+    old_only = entry(dims=norm_dims(rows=2048), tuned_ms=0.10)
+    new = entry(dims=norm_dims(rows=1024), tuned_ms=0.30)
+    a, b = tmp_path / "old.json", tmp_path / "new.json"
+    write_bundle(bundle(old_same_key, old_only, kernel_hashes={"gated_norm_fwd": "0" * 64}), a)
+    write_bundle(bundle(new), b)
+    for order in ((a, b), (b, a)):
+        r = merge(*map(str, order), "-o", str(tmp_path / "m.json"))
+        assert r.returncode == 0, r.stderr
+        m = load_bundle(tmp_path / "m.json")
+        assert set(m.entries) == {new.key}
+        assert m.entries[new.key].timing.tuned_ms == 0.30
+        assert m.provenance.kernels["gated_norm_fwd"].source_sha256 == current
+        assert r.stdout.count("dropped") + r.stderr.count("dropped") == 2, r.stdout + r.stderr
