@@ -193,8 +193,8 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None), "fused_bmm": int(cb is None)}
 
 
-# Default (no tuned entry): the config every H200 entry of the shipped bundles converged on, at
-# all six presets' dims (Helion's own default, 16-wide blocks, was 1.3-2x slower there).
+# Default (no tuned entry): the config all twelve H200 entries of the shipped bundles converged on,
+# at five presets' dims (Helion's own default, 16-wide blocks, was 1.3-2x slower there).
 _DEFAULT = common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "chunk_size", "dstate"), 4, 3)
 
 
