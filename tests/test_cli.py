@@ -27,9 +27,10 @@ def test_plan_table_and_json():
     keys = [c["key"] for c in data["combos"]]
     assert len(keys) == len(set(keys))
     norm = [c for c in data["combos"] if c["kernel"].startswith("gated_norm")]
-    # 2 kernels x (TP1, TP2) x (seqlen 8192, 4096) x (fp32, bf16 norm weight)
-    assert len(norm) == 16
-    assert {c["dims"]["d"] for c in norm} == {4096, 2048} and {c["dims"]["rows"] for c in norm} == {16384, 8192}
+    # 2 kernels x (TP 1, 2, 4, 8) x (seqlen 8192, 4096) x (fp32, bf16 norm weight)
+    assert len(norm) == 32
+    assert {c["dims"]["d"] for c in norm} == {4096, 2048, 1024, 512}
+    assert {c["dims"]["rows"] for c in norm} == {16384, 8192}
     assert {c["dims"]["weight_fp32"] for c in norm} == {0, 1}
     assert data["estimate_seconds_total"] == pytest.approx(data["estimate_seconds_per_combo"] * len(keys))
     r = run("plan", str(ROOT / "sweeps/planned/nemotron-nano.yaml"), "--gpus", "2")

@@ -55,7 +55,7 @@ def test_shipped_specs_are_valid():
 def test_nemotron_nano_spec_covers_tp_and_seqlens():
     spec = load_spec(ROOT / "sweeps/planned/nemotron-nano.yaml")
     assert spec.target.gpu == "h200"
-    assert sorted((m.tp, m.nheads, m.ngroups) for m in spec.models) == [(1, 64, 8), (2, 32, 4)]
+    assert sorted((m.tp, m.nheads, m.ngroups) for m in spec.models) == [(1, 64, 8), (2, 32, 4), (4, 16, 2), (8, 8, 1)]
     assert all(m.batch == [2] and 8192 in m.seqlen and len(m.seqlen) >= 2 for m in spec.models)
     assert spec.dtypes == ["bf16"]
 
