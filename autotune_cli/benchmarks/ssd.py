@@ -49,6 +49,7 @@ from mamba_tune.ssd import (
     combined,
     state_passing,
 )
+from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as dbdc
 from mamba_tune.ssd.common import nchunks_of
 from mamba_tune.vocab import dtype_name
 
@@ -132,8 +133,16 @@ def bwd_kernel_calls(shape: ModelShape, dtype: torch.dtype, device: torch.device
         dims = tk.dims_for(shape)
         problem = tk.make_problem(dims, dtype, device, 0)
         base = tk.make_baseline(dims, dtype, device, 0) if tk.make_baseline and device.type == "cuda" else None
-        out[stage] = (lambda rk=tk.runtime, args=problem.args: runtime.run(rk, args)), base
+        # With the dB/dC heads split into runs the host sums the kernel's fp32 partials: part of
+        # the stage's work, as mamba-ssm's torch sums of its partials are part of its row.
+        summed = name == "ssd_chunk_state_scan_bwd_dbdc"
+        out[stage] = (lambda rk=tk.runtime, args=problem.args, summed=summed: _bwd_call(rk, args, summed, dtype)), base
     return out
+
+
+def _bwd_call(rk: runtime.RuntimeKernel, args: tuple[Any, ...], summed: bool, dtype: torch.dtype) -> Any:
+    result = runtime.run(rk, args)
+    return tuple(dbdc.sum_splits(t, dtype) for t in result) if summed else result
 
 
 def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,
