@@ -15,11 +15,10 @@ note: an entry tuned on an older source, labelled with the newer one, would pass
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from autotune_cli import environment as env
 from autotune_cli.kernel_keys import KEYS
-from mamba_tune.bundle import Bundle, BundleError, KernelProvenance, load_bundle
+from mamba_tune.bundle import Bundle, BundleError, Entry, KernelProvenance, load_bundle
 
 
 class MergeError(Exception):
@@ -43,7 +42,7 @@ def _kernel_records(bundles: list[tuple[Path, Bundle]]) -> dict[str, KernelProve
     chosen: dict[str, tuple[tuple[bool, str], KernelProvenance]] = {}
     for _, b in bundles:
         for name, kp in b.provenance.kernels.items():
-            rank = (kp.source_sha256 == current.get(name), b.provenance.updated or b.provenance.created)
+            rank = (kp.source_sha256 == current.get(name), b.provenance.updated)
             if name not in chosen or rank > chosen[name][0]:
                 chosen[name] = (rank, kp)
     return {name: kp for name, (_, kp) in chosen.items()}
@@ -70,7 +69,7 @@ def merge_bundles(paths: list[Path], *, allow_mixed: bool = False) -> tuple[Bund
                     f"{g0} (sm {cc0}) with helion {h0}, torch {t0}, triton {tr0}: timings do not compare "
                     "(pass --allow-mixed to merge anyway)")
     kernels = _kernel_records(bundles)
-    entries: dict[str, Any] = {}
+    entries: dict[str, Entry] = {}
     failures = dict(first.failures)
     source: dict[str, Path] = {}
     notes: list[str] = []
