@@ -73,7 +73,7 @@ def test_backward_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_
                  "has_initial_states": flags, "has_dfinal": flags}
     dims = {k: v for k, v in _dims(shape, **all_flags).items() if k in tk.dims}
     problem = tk.make_problem(dims, dtype, torch.device("cpu"), 0)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
     assert outputs.keys() == ref.keys() == low.keys()
     for name in ref:
@@ -94,7 +94,7 @@ def test_dbdc_head_runs_agree_with_the_reference(flags, target, splits, monkeypa
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
     assert problem.args[0].shape[0] == splits
     assert problem.args[0].dtype == (torch.bfloat16 if splits == 1 else torch.float32)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
     for name in ref:
         _assert_bounded(f"dbdc.{name}", outputs[name], ref[name], low[name], 2e-3)
@@ -297,7 +297,7 @@ def test_cumsum_bwd_check_at_nano_counts_ddt_in_dts_dtype(ssd_ref_mode):
     assert not torch.equal(ref["ddt"], ref["ddt"].bfloat16().float())  # fp32, not bf16 values
     assert torch.equal(low["ddt"], ref["ddt"].bfloat16().float())
     assert torch.equal(low["dA"], ref["dA"])  # A and dt_bias are fp32 leaves: nothing rounded
-    acc = check_accuracy(problem, problem.run(lambda *args: runtime.run(tk, args)), DEFAULT_TOLERANCES["bf16"])
+    acc = check_accuracy(problem, problem.run(lambda *args: runtime.run(tk.runtime, args)), DEFAULT_TOLERANCES["bf16"])
     assert acc.max_abs_err["ddt"] > DEFAULT_TOLERANCES["bf16"].atol, acc  # it would fail an fp32-only bound
     assert acc.passed, acc
 

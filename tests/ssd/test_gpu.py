@@ -61,7 +61,7 @@ def test_stage_at_model_size(stage, fused, model, nan_empty):
     if "fused_bmm" in dims:
         dims["fused_bmm"] = fused
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cuda"), 0)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
     for name in ref:
         _assert_bounded(f"{stage}.{name}", outputs[name], ref[name], low[name], ATOL[torch.bfloat16])

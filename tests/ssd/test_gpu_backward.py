@@ -55,7 +55,7 @@ def test_backward_stage_at_model_size(stage, shape, nan_empty):
 
         assert head_splits(shape.batch, shape.seqlen // shape.chunk_size, shape.ngroups, shape.nheads) > 1
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cuda"), 0)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
     for name in ref:
         _assert_bounded(f"{stage}.{name}", outputs[name], ref[name], low[name], ATOL)

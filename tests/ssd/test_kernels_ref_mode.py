@@ -93,7 +93,7 @@ def test_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_ref_mode)
     if stage == "ssd_state_passing":  # its seqlen is the padded length
         dims["seqlen"] = -(-dims["seqlen"] // dims["chunk_size"]) * dims["chunk_size"]
     problem = tk.make_problem(dims, dtype, torch.device("cpu"), 0)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
     assert outputs.keys() == ref.keys() == low.keys()
     for name in ref:
@@ -108,7 +108,7 @@ def test_state_passing_carries_across_chunk_blocks(has_seq_idx):
     dims = {"batch": 1, "seqlen": 640, "nheads": 2, "headdim": 16, "dstate": 16, "chunk_size": 16,
             "has_initial_states": 0, "has_seq_idx": has_seq_idx}
     problem = tk.make_problem(dims, torch.float32, torch.device("cpu"), 0)
-    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk, args)))
+    outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     for name, ref in problem.reference().items():
         torch.testing.assert_close(outputs[name], ref, atol=1e-5, rtol=1e-5)
 
@@ -119,8 +119,8 @@ def test_chunk_scan_fused_and_unfused_agree():
     tk = get("ssd_chunk_scan")
     unfused = tk.make_problem(dims, torch.float32, torch.device("cpu"), 3)
     fused = tk.make_problem({**dims, "fused_bmm": 1}, torch.float32, torch.device("cpu"), 3)
-    a = unfused.outputs(unfused.run(lambda *args: runtime.run(tk, args)))["out"]
-    b = fused.outputs(fused.run(lambda *args: runtime.run(tk, args)))["out"]
+    a = unfused.outputs(unfused.run(lambda *args: runtime.run(tk.runtime, args)))["out"]
+    b = fused.outputs(fused.run(lambda *args: runtime.run(tk.runtime, args)))["out"]
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
