@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -149,6 +150,27 @@ def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: Sequence[d
     return [helion.Config.from_dict(c) for c in unique]
 
 
+def fitting_seeds(seeds: Sequence[Any], default: Any) -> list[Any]:
+    """The seeds whose list-valued settings (block sizes, one indexing mode per load, one
+    setting per loop...) have the lengths they have in this kernel's default config.
+
+    A warm start can come from an entry tuned on an earlier version of the kernel (a re-tune
+    after a change starts from the stale entry's config). Helion 1.5.0 does not skip such a
+    seed: its search fails on a bare AssertionError (seen on the H200: the dx backward, after
+    losing a loop, had 19 loads and its old entry 24 indexing modes). Dropped, with a line.
+    """
+    lengths = {k: len(v) for k, v in default.config.items() if isinstance(v, list)}
+    kept = []
+    for seed in seeds:
+        wrong = [k for k, v in seed.config.items() if isinstance(v, list) and k in lengths and len(v) != lengths[k]]
+        if wrong:
+            print(f"mamba-tune: seed config dropped (does not fit this kernel: {', '.join(wrong)} of another "
+                  f"length): {dict(seed.config)}", file=sys.stderr, flush=True)
+        else:
+            kept.append(seed)
+    return kept
+
+
 def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat,
             seeds: list[Any], default: Any) -> tuple[Any, int | None]:
     from helion.autotuner import search_algorithms
@@ -159,7 +181,8 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
         # Helion checks every candidate's outputs against a baseline, which it otherwise
         # gets by compiling its own default config in this process, with no time limit.
         settings.autotune_baseline_fn = bound.compile_config(default, allow_print=False)
-    # Seeds join the first generation (Helion skips, with a log line, any that do not fit).
+    # Seeds join the first generation (Helion skips, with a log line, one that does not fit the
+    # shape; one that does not fit the kernel was dropped by fitting_seeds).
     settings.autotune_seed_configs = seeds or None
     settings.autotune_random_seed = budget.seed
     settings.autotune_effort = budget.effort
@@ -245,7 +268,7 @@ def tune(
         else:
             hb.phase = "searching"
             try:
-                seeds = seed_configs(tk, dims, warm_start)
+                seeds = fitting_seeds(seed_configs(tk, dims, warm_start), default)
                 best, tried = _search(tk, bound, problem, budget, hb, seeds, default)
             except Exception as e:  # a search that finds nothing usable
                 if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):

@@ -15,7 +15,8 @@ A combo's search starts from (in this order, duplicates dropped, at most `WARM_L
    fp32-weight entry of the same rows and width runs at 0.195 ms (81%), and no search had
    started from that config (how fast it runs with a bf16 weight is not measured yet).
 Then come the kernel's own hand-written seeds (`TunableKernel.seed_configs`). Helion skips,
-with a log line, a seed that does not fit the shape.
+with a log line, a seed that does not fit the shape; the tuner drops one that does not fit the
+kernel (an entry tuned on an earlier version of it: `autotune_cli.tuner.fitting_seeds`).
 
 Only entries tuned on the same SKU count: a config tuned on another GPU is no evidence here.
 """

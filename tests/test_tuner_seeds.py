@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import helion
 
-from autotune_cli.tuner import seed_configs
+from autotune_cli.tuner import fitting_seeds, seed_configs
 from autotune_cli.tuning import all_kernels
 from autotune_cli.tuning.norm import GATED_NORM_BWD
 
@@ -31,3 +31,14 @@ def test_every_kernel_has_seeds_at_a_real_shape():
         dims = tk.dims_for(LOWERING_SHAPES[-1])
         assert tk.seed_configs is not None and tk.seed_configs(dims), tk.name
 
+
+
+def test_a_seed_from_another_version_of_the_kernel_is_dropped(capsys):
+    # An entry tuned before a change to the kernel (a loop, so loads, gone) has lists of the
+    # old lengths; Helion 1.5.0's search fails on such a seed instead of skipping it.
+    default = helion.Config(block_sizes=[64, 64, 32, 64], indexing=["pointer"] * 19, num_warps=4)
+    fits = helion.Config(block_sizes=[32, 64, 32, 64], indexing=["tensor_descriptor"] * 19, num_stages=2)
+    stale = helion.Config(block_sizes=[64, 64, 32, 64], indexing=["pointer"] * 24, num_warps=4)
+    assert fitting_seeds([stale, fits], default) == [fits]
+    assert "indexing of another length" in capsys.readouterr().err
+    assert fitting_seeds([fits], default) == [fits]
