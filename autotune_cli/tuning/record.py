@@ -32,9 +32,13 @@ class Problem:
     # Bytes moved through device memory (each input read once, each output written once).
     bytes_moved: int
     flops: int = 0
+    # Clears what a run accumulates into (a buffer a kernel adds to), before each run.
+    reset: Callable[[], None] | None = None
 
     def run(self, fn: Callable[..., Any]) -> Any:
         """Run a compiled (or ref-mode) kernel on this problem; `outputs` reads the result."""
+        if self.reset is not None:
+            self.reset()
         return fn(*self.args)
 
 

@@ -10,6 +10,8 @@ from chunk_state_passing_bwd.py; dout = dy * silu(z), or dy):
   y_l   = exp(dA_l) C_l . prev_c + sum_{j <= l} CB[l, j] exp(dA_l - dA_j) dt~_j x_j  (F5 recomputed)
   dz_l  = dy_l (y_l + D x_l) silu'(z_l);   dD = sum_l dout_l x_l
 
+(with z only: without z, y serves only dout . y, and this kernel sums its state term
+while chunk_state_scan_bwd_dbdc.py adds its chunk term from the dout . x^T tiles it has)
 and d dA_cumsum_l = dout_l . y_l - dt~_l ddt~_l (plus, at the chunk's last position, the
 chunk's sum of dt~_l x_l . raw_state_l and the state passing's term): the cumsum backward
 assembles that from the three per-position sums written here. mamba-ssm reads the saved
@@ -103,21 +105,24 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             raw_state = hl.dot(B[b, tile_m, g, tile_n], dstates[b, c, h, tile_p, tile_n].T, acc=raw_state)
         y = y * scale_m[:, None]
         raw_state = raw_state * weight_m[:, None]
-        # F5's chunk term, columns c0 .. the block's last row (causal).
         dA_m2 = dA_m * LOG2E
-        for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
-            scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
-            decay = torch.exp2(torch.clamp(dA_m2[:, None] - dA_pos[b, h, tile_k][None, :] * LOG2E, max=0.0))
-            scores = scores * decay * dt_pos[b, h, tile_k][None, :]
-            scores = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], scores, 0.0)
-            # Two parts (high and low bits), as for dx below: dout . y enters ddA, whose
-            # reverse cumsum adds a chunk's errors up; rounded once, dA came out over 20x
-            # further from fp32 than eager bf16 at seqlen 1024 (CPU, ref mode).
-            hi = scores.to(x.dtype)
-            lo = (scores - hi.to(torch.float32)).to(x.dtype)
-            x_k = x[b, tile_k, h, tile_p]
-            y = hl.dot(hi, x_k, acc=y)
-            y = hl.dot(lo, x_k, acc=y)
+        # F5's chunk term, columns c0 .. the block's last row (causal): only with z, where dz needs
+        # y itself. Without z, y serves only dout . y, whose chunk term the dB/dC kernel adds to
+        # rows[2] from the dout . x^T tiles it computes anyway (chunk_state_scan_bwd_dbdc.py).
+        if z is not None:
+            for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
+                scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
+                decay = torch.exp2(torch.clamp(dA_m2[:, None] - dA_pos[b, h, tile_k][None, :] * LOG2E, max=0.0))
+                scores = scores * decay * dt_pos[b, h, tile_k][None, :]
+                scores = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], scores, 0.0)
+                # Two parts (high and low bits), as for dx below: dout . y enters ddA, whose
+                # reverse cumsum adds a chunk's errors up; rounded once, dA came out over 20x
+                # further from fp32 than eager bf16 at seqlen 1024 (CPU, ref mode).
+                hi = scores.to(x.dtype)
+                lo = (scores - hi.to(torch.float32)).to(x.dtype)
+                x_k = x[b, tile_k, h, tile_p]
+                y = hl.dot(hi, x_k, acc=y)
+                y = hl.dot(lo, x_k, acc=y)
         # Its transpose for dx: rows l' = the block's first row .. the chunk's end.
         raw_scan = hl.zeros([tile_m, tile_p], dtype=torch.float32)
         for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):

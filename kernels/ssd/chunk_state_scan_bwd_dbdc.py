@@ -16,6 +16,11 @@ group's heads in order: dCB tiles live in registers (rounded to the dots' dtype,
 mamba-ssm's bmm backward reads them), every sum has a fixed order, no atomics, and dB
 and dC are written once in the inputs' dtype.
 
+Without z it also adds, per head and position, dout . y's chunk term (sum_j CB[l, j] times
+the head's dCB addend, all fp32) to the dx kernel's dout . y sums: atomically, but each
+address gets its non-zero adds from one program in program order (the first dstate block's;
+the others add zeros), so the sums are bitwise reproducible.
+
 Where a group has many heads and there are few (chunk, group) pairs (one group of 80 heads
 in Mamba2 / Zamba2: 64 pairs at batch 2, seqlen 8192 with chunk 256), one program per pair
 and dstate block leaves most SMs idle while it walks all the heads. The host then splits each
@@ -56,6 +61,8 @@ def chunk_state_scan_bwd_dbdc_kernel(
     prev_states: torch.Tensor,  # (batch, nchunks, nheads, headdim, dstate), x's dtype
     dstates: torch.Tensor,  # (batch, nchunks, nheads, headdim, dstate), x's dtype
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int
+    dout_y: torch.Tensor | None,  # (batch, nheads, nchunks * chunk_size) fp32: dout . y's chunk term added
+    cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, with dout_y
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     ngroups = C.size(2)
@@ -112,6 +119,15 @@ def chunk_state_scan_bwd_dbdc_kernel(
         # dC: dCB rows of this block against B, columns c0 .. the block's last row.
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
             dcb = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+            keep = tile_m.index[:, None] >= tile_k.index[None, :]
+            if seq_idx is not None:
+                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
+            if dout_y is not None:
+                # dout_l . y_l's chunk term per head: sum_j CB[l, j] (dout_l . x_j) exp(dA_l - dA_j)
+                # dt~_j, the head's dCB addend times CB, all fp32. Only the first dstate block's
+                # program adds it (the others add zeros); its k steps add in program order.
+                cb_k = torch.where(keep, cb[b, c, g, tile_m.index - c0, tile_k.index - c0], 0.0)
+                cb_k = cb_k * (1 - min(tile_n.begin, 1))
             for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
                 w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
@@ -122,10 +138,10 @@ def chunk_state_scan_bwd_dbdc_kernel(
                         dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
                     w = hl.dot(dout, x[b, tile_k, h, tile_q].T, acc=w)
                 decay = torch.exp(torch.clamp(dA_pos[b, h, tile_m][:, None] - dA_pos[b, h, tile_k][None, :], max=0.0))
-                dcb = dcb + w * decay * dt_pos[b, h, tile_k][None, :]
-            keep = tile_m.index[:, None] >= tile_k.index[None, :]
-            if seq_idx is not None:
-                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
+                part = w * decay * dt_pos[b, h, tile_k][None, :]
+                dcb = dcb + part
+                if dout_y is not None:
+                    hl.atomic_add(dout_y, [b, h, tile_m], torch.sum(cb_k * part, dim=1))
             dcb = torch.where(keep, dcb, 0.0)
             acc_c = hl.dot(dcb.to(x.dtype), B[b, tile_k, g, tile_n], acc=acc_c)
         # dB: dCB columns of this block against C, rows the block's first row .. the chunk's end.
@@ -184,11 +200,13 @@ def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
-            seq_idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype."""
+            seq_idx: torch.Tensor | None, dout_y: torch.Tensor | None = None,
+            cb: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype; adds dout . y's chunk
+    term to dout_y ((batch, nheads, nchunks * chunk_size) fp32) when given (with cb)."""
     dB_part, dC_part = out_buffers(x, B, dt.shape[2])
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
-            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx)
+            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, dout_y, cb)
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
     return sum_splits(dB_part, x.dtype), sum_splits(dC_part, x.dtype)
 
@@ -199,7 +217,7 @@ DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx = args
+    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _dout_y, _cb = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_z": int(z is not None),

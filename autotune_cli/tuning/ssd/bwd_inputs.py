@@ -72,6 +72,25 @@ class StageInputs:
         cb = bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
         return cls(i, dy, dfinal, dA, dt_out, states, prev, dstates, cb)
 
+    def dout_y_chunk(self) -> torch.Tensor:
+        """dout_l . y_l's chunk term without z, (batch, nheads, nchunks * chunk_size) fp32:
+        sum_{j <= l} CB[l, j] exp(dA_l - dA_j) dt~_j (dy_l . x_j) within each chunk, what the
+        dB/dC kernel adds to the dx kernel's dout . y sums (which then hold only the state term)."""
+        i = self.inp
+        b, L, H, P = i.x.shape
+        nc, Q = self.dt_out.shape[2], self.dt_out.shape[3]
+        G = i.C.shape[2]
+
+        def chunks(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t.float(), (0, 0, 0, 0, 0, nc * Q - L)).view(b, nc, Q, H, P)
+
+        w = torch.einsum("bclhp,bcjhp->bhclj", chunks(self.dy), chunks(i.x))
+        cb = self.cb[:, :, torch.arange(H, device=i.x.device) // (H // G)].permute(0, 2, 1, 3, 4)
+        dA = self.dA_cumsum
+        causal = torch.ones(Q, Q, dtype=torch.bool, device=i.x.device).tril()
+        decay = torch.exp(torch.clamp(dA[..., :, None] - dA[..., None, :], max=0.0)) * causal
+        return (cb * decay * self.dt_out[..., None, :] * w).sum(-1).reshape(b, H, nc * Q)
+
     def stage_grads(self, lowp: bool) -> dict[str, torch.Tensor]:
         """Reference gradients of the backward stages, fp32 (lowp=False) or eager torch in
         the inputs' dtype. Keys: the inputs' ("x", "B", "C", "D", "z", "initial_states"),
