@@ -634,7 +634,16 @@ class _BundleWriter:
     def save(self, entry: Entry | None, failure: Failure | None, kprov: KernelProvenance | None) -> None:
         stamp = env.now()
         if kprov is not None:
-            self.kernels[(entry or failure).kernel] = kprov  # type: ignore[union-attr]
+            name = (entry or failure).kernel  # type: ignore[union-attr]
+            old = self.kernels.get(name)
+            if old is not None and old.source_sha256 != kprov.source_sha256 and self.bundle is not None:
+                # The kernel's record moves to its new source: its entries tuned on the old one
+                # (stale, queued for re-tuning) would pass for fresh under it, and a failed
+                # re-tune would leave one to run (seen on the H200). They go; the failure or the
+                # new entry takes the key.
+                self.bundle = self.bundle.model_copy(
+                    update={"entries": {k: e for k, e in self.bundle.entries.items() if e.kernel != name}})
+            self.kernels[name] = kprov
         prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=self.created,
                           updated=stamp, gpu=self.gpu, versions=self.versions, spec=self.spec_ref,
                           kernels=dict(self.kernels))

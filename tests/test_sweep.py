@@ -231,3 +231,33 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
     assert stale == {bad.key}
     assert f"{bad.key}: Helion rejects its config (InvalidConfig: Invalid config keys ['bogus_key']); re-tuning it" \
         in out.getvalue()
+
+
+def test_a_failed_re_tune_after_a_kernel_change_leaves_no_stale_entry_for_fresh(tmp_path):
+    """A kernel whose source changed: its entries are stale and queued. When the first result
+    for it comes (here a failure) the bundle's record of the kernel moves to the new source,
+    so its old entries go: kept, they would pass for fresh and run (seen on the H200, where a
+    re-tune failed and the stale entry stayed under the new source's record)."""
+    from bundles import H200, VERSIONS, bundle, entry
+
+    from autotune_cli.plan import plan
+    from autotune_cli.spec import load_spec
+    from autotune_cli.sweep import _BundleWriter
+    from mamba_tune.bundle import Failure, KernelProvenance, load_bundle
+
+    spec = load_spec(small_spec(tmp_path))
+    combos = [c for c in plan(spec) if c.kernel == "gated_norm_fwd"][:2]
+    first, second = (entry(c.kernel, c.dims, c.dtype) for c in combos)
+    old = bundle(first, second, kernel_hashes={"gated_norm_fwd": "0" * 64})
+    path = tmp_path / "h200" / "tiny.json"
+    writer = _BundleWriter(path, old, H200, VERSIONS, None)
+    new = KernelProvenance(source_sha256="1" * 64)
+    writer.save(None, Failure(kernel=first.kernel, dims=first.dims, dtype=first.dtype, reason="autotune failed",
+                              at="2026-12-02T00:00:00+00:00"), new)
+    saved = load_bundle(path)
+    assert saved.provenance.kernels["gated_norm_fwd"].source_sha256 == "1" * 64
+    assert saved.entries == {} and set(saved.failures) == {first.key}
+    # Later results under the same source keep each other.
+    writer.save(second.model_copy(update={"tuned_at": "2026-12-02T00:00:01+00:00"}), None, new)
+    writer.save(first, None, new)
+    assert set(load_bundle(path).entries) == {first.key, second.key}
