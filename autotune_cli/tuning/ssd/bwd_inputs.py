@@ -52,6 +52,7 @@ class StageInputs:
     dstates_lowp: torch.Tensor  # G, seeded, in the inputs' dtype
     cb: torch.Tensor  # F4's output, fp32
     _grads: dict[bool, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    _dout_y_chunk: torch.Tensor | None = None
 
     @classmethod
     def make(cls, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> StageInputs:
@@ -75,7 +76,10 @@ class StageInputs:
     def dout_y_chunk(self) -> torch.Tensor:
         """dout_l . y_l's chunk term without z, (batch, nheads, nchunks * chunk_size) fp32:
         sum_{j <= l} CB[l, j] exp(dA_l - dA_j) dt~_j (dy_l . x_j) within each chunk, what the
-        dB/dC kernel adds to the dx kernel's dout . y sums (which then hold only the state term)."""
+        dB/dC kernel adds to the dx kernel's dout . y sums (which then hold only the state term).
+        Computed once (GBs of temporaries at Nano's sizes): both references and every check read it."""
+        if self._dout_y_chunk is not None:
+            return self._dout_y_chunk
         i = self.inp
         b, L, H, P = i.x.shape
         nc, Q = self.dt_out.shape[2], self.dt_out.shape[3]
@@ -89,7 +93,8 @@ class StageInputs:
         dA = self.dA_cumsum
         causal = torch.ones(Q, Q, dtype=torch.bool, device=i.x.device).tril()
         decay = torch.exp(torch.clamp(dA[..., :, None] - dA[..., None, :], max=0.0)) * causal
-        return (cb * decay * self.dt_out[..., None, :] * w).sum(-1).reshape(b, H, nc * Q)
+        self._dout_y_chunk = (cb * decay * self.dt_out[..., None, :] * w).sum(-1).reshape(b, H, nc * Q)
+        return self._dout_y_chunk
 
     def stage_grads(self, lowp: bool) -> dict[str, torch.Tensor]:
         """Reference gradients of the backward stages, fp32 (lowp=False) or eager torch in
