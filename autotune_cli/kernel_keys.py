@@ -73,7 +73,8 @@ def _kernels_root() -> Path:
 
 
 # The SSD backward's fp32 partial sums: the dx kernel writes one row of per-position sums per
-# PARTIAL_SLOT-wide slice of headdim, the state passing backward one d dA_last per
+# PARTIAL_SLOT-wide slice of headdim (without z the dB/dC kernel one of dout . y per slice of
+# dstate), the state passing backward one d dA_last per
 # PARTIAL_SLOT x PARTIAL_SLOT tile of the state (SLOT in kernels/ssd/chunk_scan_chunk_state_bwd_dx.py
 # and chunk_state_passing_bwd.py). The cumsum backward folds them in two loops whose trip
 # counts shape its config (Helion offers a static range for a loop of 8 iterations, not 16):
@@ -82,9 +83,11 @@ PARTIAL_SLOT = 16
 
 
 def bwd_partials(headdim: int, dstate: int) -> dict[str, int]:
-    """The cumsum backward's partial counts at (headdim, dstate): row_partials, last_partials."""
+    """The cumsum backward's partial counts at (headdim, dstate): row_partials (per position:
+    one per slice of headdim or, for the dB/dC kernel's dout . y without z, of dstate, whichever
+    is more), last_partials."""
     p = -(-headdim // PARTIAL_SLOT)
-    return {"row_partials": p, "last_partials": p * -(-dstate // PARTIAL_SLOT)}
+    return {"row_partials": -(-max(headdim, dstate) // PARTIAL_SLOT), "last_partials": p * -(-dstate // PARTIAL_SLOT)}
 
 
 def mixer_dims(shape: ModelShape) -> dict[str, int]:

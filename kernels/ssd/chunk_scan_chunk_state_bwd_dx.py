@@ -10,8 +10,9 @@ from chunk_state_passing_bwd.py; dout = dy * silu(z), or dy):
   y_l   = exp(dA_l) C_l . prev_c + sum_{j <= l} CB[l, j] exp(dA_l - dA_j) dt~_j x_j  (F5 recomputed)
   dz_l  = dy_l (y_l + D x_l) silu'(z_l);   dD = sum_l dout_l x_l
 
-(with z only: without z, y serves only dout . y, and this kernel sums its state term
-while chunk_state_scan_bwd_dbdc.py adds its chunk term from the dout . x^T tiles it has)
+(with z only: without z, y serves only dout . y, which chunk_state_scan_bwd_dbdc.py sums
+from the tiles it has, dout . prev_c and dout . x^T; so for ddt~'s chunk term x_l . raw_scan_l,
+with raw_scan then only for dx)
 and d dA_cumsum_l = dout_l . y_l - dt~_l ddt~_l (plus, at the chunk's last position, the
 chunk's sum of dt~_l x_l . raw_state_l and the state passing's term): the cumsum backward
 assembles that from the three per-position sums written here. mamba-ssm reads the saved
@@ -97,11 +98,12 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             seq_last = hl.load(seq_idx, [b, c_end - 1])
             scale_m = torch.where(seq_m == seq_prev, scale_m, 0.0)
             weight_m = torch.where((seq_m == seq_last) & (seq_last >= 0), weight_m, 0.0)
-        # F5 recomputed (y without D) and the F2 term of the backward: dots over dstate.
+        # F5 recomputed (y without D; with z only) and the F2 term of the backward: dots over dstate.
         y = hl.zeros([tile_m, tile_p], dtype=torch.float32)
         raw_state = hl.zeros([tile_m, tile_p], dtype=torch.float32)
         for tile_n in hl.tile(dstate, block_size=block_n):
-            y = hl.dot(C[b, tile_m, g, tile_n], prev_states[b, c, h, tile_p, tile_n].T, acc=y)
+            if z is not None:
+                y = hl.dot(C[b, tile_m, g, tile_n], prev_states[b, c, h, tile_p, tile_n].T, acc=y)
             raw_state = hl.dot(B[b, tile_m, g, tile_n], dstates[b, c, h, tile_p, tile_n].T, acc=raw_state)
         y = y * scale_m[:, None]
         raw_state = raw_state * weight_m[:, None]
@@ -133,13 +135,16 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             if z is not None:
                 zk = z[b, tile_k, h, tile_p].to(torch.float32)
                 dout_k = (dout_k.to(torch.float32) * zk * torch.sigmoid(zk)).to(x.dtype)
-            # The scores in two parts (high and low bits in x's dtype), two dots: ddt~ = x . raw
-            # sums over a whole chunk, and with the scores rounded once (as mamba-ssm does)
-            # ddt_bias came out 3-5x further from fp32 than eager torch in bf16 (CPU, ref mode).
             hi = scores_t.to(x.dtype)
-            lo = (scores_t - hi.to(torch.float32)).to(x.dtype)
             raw_scan = hl.dot(hi, dout_k, acc=raw_scan)
-            raw_scan = hl.dot(lo, dout_k, acc=raw_scan)
+            if z is not None:
+                # The scores' low bits too, a second dot: ddt~ = x . raw sums over a whole
+                # chunk, and with the scores rounded once (as mamba-ssm does) ddt_bias came out
+                # 3-5x further from fp32 than eager torch in bf16 (CPU, ref mode). Without z,
+                # ddt~'s chunk term comes in fp32 from the dB/dC kernel, and raw_scan serves
+                # only dx, rounded once as mamba-ssm's dx is.
+                lo = (scores_t - hi.to(torch.float32)).to(x.dtype)
+                raw_scan = hl.dot(lo, dout_k, acc=raw_scan)
         dy_m = dy[b, tile_m, h, tile_p].to(torch.float32)
         x_m = x[b, tile_m, h, tile_p].to(torch.float32)
         if z is not None:
@@ -165,13 +170,21 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
         dx[b, tile_m, h, tile_p] = dx_m.to(dx.dtype)
         if z is not None:
             dz[b, tile_m, h, tile_p] = (dy_m * y_pre * sig * (1.0 + z_m * (1.0 - sig))).to(dz.dtype)
-        rows[0, slot, b, h, tile_m] = torch.sum(x_m * raw, dim=1)
+        # Without z only ddt~'s state term (the dB/dC kernel adds its chunk term to slot 0).
+        rows[0, slot, b, h, tile_m] = torch.sum(x_m * (raw if z is not None else raw_state), dim=1)
         rows[1, slot, b, h, tile_m] = torch.sum(x_m * raw_state, dim=1)
-        rows[2, slot, b, h, tile_m] = torch.sum(dout_m * y, dim=1)
+        if z is not None:  # without z the dB/dC kernel writes dout . y
+            rows[2, slot, b, h, tile_m] = torch.sum(dout_m * y, dim=1)
     return dx
 
 
 # --- host launcher --------------------------------------------------------------------
+
+
+def row_slots(headdim: int, dstate: int) -> int:
+    """Partial slots per position in rows: one per SLOT-wide block of headdim (this kernel's
+    ddt~ sums) or of dstate (the dB/dC kernel's dout . y sums without z), whichever is more."""
+    return -(-max(headdim, dstate) // SLOT)
 
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -182,8 +195,8 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     dD (nheads, headdim) fp32 or None)."""
     batch, seqlen, nheads, headdim = x.shape
     nchunks, chunk_size = dt.shape[2], dt.shape[3]
-    rows = torch.zeros((3, -(-headdim // SLOT), batch, nheads, nchunks * chunk_size), dtype=torch.float32,
-                       device=x.device)
+    rows = torch.zeros((3, row_slots(headdim, B.shape[3]), batch, nheads, nchunks * chunk_size),
+                       dtype=torch.float32, device=x.device)
     dD_part = torch.zeros((batch, -(-seqlen // SLOT), nheads, headdim), dtype=torch.float32, device=x.device)
     dz = None if z is None else torch.empty_like(z)
     args = (rows, dD_part, dz, dy, z, x, B.to(x.dtype), C.to(x.dtype), cb, dt.contiguous(), dA_cumsum.contiguous(),

@@ -16,10 +16,16 @@ group's heads in order: dCB tiles live in registers (rounded to the dots' dtype,
 mamba-ssm's bmm backward reads them), every sum has a fixed order, no atomics, and dB
 and dC are written once in the inputs' dtype.
 
-Without z it also adds, per head and position, dout . y's chunk term (sum_j CB[l, j] times
-the head's dCB addend, all fp32) to the dx kernel's dout . y sums: atomically, but each
-address gets its non-zero adds from one program in program order (the first dstate block's;
-the others add zeros), so the sums are bitwise reproducible.
+Without z it also writes, per head and position, the dx kernel's sums that it can take from
+tiles it has: dout_l . y_l whole (its state term exp(dA_l) sum_n (dout_l . prev_c)[n] C_l[n]
+from the state term's tiles, one slot per dstate block; its chunk term sum_j CB[l, j] times
+the head's dCB addend [l, j]), and ddt~_j's chunk term (sum_l CB[l, j] times the addend
+without dt~_j, from the transposed tiles of the dB loop). Both chunk terms come in fp32 from
+the same products, as mamba-ssm's `_chunk_scan_bwd_ddAcs_stable` takes the two sums that
+cancel in ddA from one set. The dx kernel then recomputes no y at all and its chunk term only
+for dx, rounded once as mamba-ssm rounds it. The writes are atomic adds, but each address
+gets its non-zero adds from one program in program order (the chunk terms from the first
+dstate block's; the others add zeros), so the sums are bitwise reproducible.
 
 Where a group has many heads and there are few (chunk, group) pairs (one group of 80 heads
 in Mamba2 / Zamba2: 64 pairs at batch 2, seqlen 8192 with chunk 256), one program per pair
@@ -61,8 +67,8 @@ def chunk_state_scan_bwd_dbdc_kernel(
     prev_states: torch.Tensor,  # (batch, nchunks, nheads, headdim, dstate), x's dtype
     dstates: torch.Tensor,  # (batch, nchunks, nheads, headdim, dstate), x's dtype
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int
-    dout_y: torch.Tensor | None,  # (batch, nheads, nchunks * chunk_size) fp32: dout . y's chunk term added
-    cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, with dout_y
+    rows: torch.Tensor | None,  # the dx kernel's (3, slots, batch, nheads, nchunks * chunk_size) fp32 sums
+    cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, with rows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     ngroups = C.size(2)
@@ -96,6 +102,8 @@ def chunk_state_scan_bwd_dbdc_kernel(
             seq_last = hl.load(seq_idx, [b, c_end - 1])
         acc_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         acc_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        if rows is not None:
+            c_mn = C[b, tile_m, g, tile_n].to(torch.float32)
         # The state terms, head by head.
         for tile_h in hl.tile(h0, h1, block_size=1):
             h = tile_h.begin
@@ -116,13 +124,16 @@ def chunk_state_scan_bwd_dbdc_kernel(
                 t_b = hl.dot(x[b, tile_m, h, tile_q], dstates[b, c, h, tile_q, tile_n], acc=t_b)
             acc_c = acc_c + t_c * scale_m[:, None]
             acc_b = acc_b + t_b * weight_m[:, None]
+            if rows is not None:
+                # dout_l . y_l's state term over this dstate block, into its own slot.
+                hl.atomic_add(rows, [2, tile_n.id, b, h, tile_m], torch.sum(t_c * c_mn, dim=1) * scale_m)
         # dC: dCB rows of this block against B, columns c0 .. the block's last row.
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
             dcb = hl.zeros([tile_m, tile_k], dtype=torch.float32)
             keep = tile_m.index[:, None] >= tile_k.index[None, :]
             if seq_idx is not None:
                 keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
-            if dout_y is not None:
+            if rows is not None:
                 # dout_l . y_l's chunk term per head: sum_j CB[l, j] (dout_l . x_j) exp(dA_l - dA_j)
                 # dt~_j, the head's dCB addend times CB, all fp32. Only the first dstate block's
                 # program adds it (the others add zeros); its k steps add in program order.
@@ -140,13 +151,21 @@ def chunk_state_scan_bwd_dbdc_kernel(
                 decay = torch.exp(torch.clamp(dA_pos[b, h, tile_m][:, None] - dA_pos[b, h, tile_k][None, :], max=0.0))
                 part = w * decay * dt_pos[b, h, tile_k][None, :]
                 dcb = dcb + part
-                if dout_y is not None:
-                    hl.atomic_add(dout_y, [b, h, tile_m], torch.sum(cb_k * part, dim=1))
+                if rows is not None:
+                    hl.atomic_add(rows, [2, 0, b, h, tile_m], torch.sum(cb_k * part, dim=1))
             dcb = torch.where(keep, dcb, 0.0)
             acc_c = hl.dot(dcb.to(x.dtype), B[b, tile_k, g, tile_n], acc=acc_c)
         # dB: dCB columns of this block against C, rows the block's first row .. the chunk's end.
         for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):
             dcb_t = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+            keep = tile_k.index[None, :] >= tile_m.index[:, None]
+            if seq_idx is not None:
+                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
+            if rows is not None:
+                # ddt~_j's chunk term per head (j: this block's rows): sum_{l >= j} CB[l, j]
+                # (x_j . dout_l) exp(dA_l - dA_j), the transposed addend before its dt~_j factor.
+                cb_t = torch.where(keep, cb[b, c, g, tile_k.index - c0, tile_m.index - c0].T, 0.0)
+                cb_t = cb_t * (1 - min(tile_n.begin, 1))
             for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
                 w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
@@ -158,10 +177,10 @@ def chunk_state_scan_bwd_dbdc_kernel(
                     w = hl.dot(x[b, tile_m, h, tile_q], dout.T, acc=w)
                 dt_m = dt_pos[b, h, tile_m]
                 decay = torch.exp(torch.clamp(dA_pos[b, h, tile_k][None, :] - dA_pos[b, h, tile_m][:, None], max=0.0))
-                dcb_t = dcb_t + w * decay * dt_m[:, None]
-            keep = tile_k.index[None, :] >= tile_m.index[:, None]
-            if seq_idx is not None:
-                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
+                part_t = w * decay
+                dcb_t = dcb_t + part_t * dt_m[:, None]
+                if rows is not None:
+                    hl.atomic_add(rows, [0, 0, b, h, tile_m], torch.sum(cb_t * part_t, dim=1))
             dcb_t = torch.where(keep, dcb_t, 0.0)
             acc_b = hl.dot(dcb_t.to(x.dtype), C[b, tile_k, g, tile_n], acc=acc_b)
         dB[sp, b, tile_m, g, tile_n] = acc_b.to(dB.dtype)
@@ -200,13 +219,13 @@ def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
-            seq_idx: torch.Tensor | None, dout_y: torch.Tensor | None = None,
+            seq_idx: torch.Tensor | None, rows: torch.Tensor | None = None,
             cb: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype; adds dout . y's chunk
-    term to dout_y ((batch, nheads, nchunks * chunk_size) fp32) when given (with cb)."""
+    """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype; adds dout . y and ddt~'s
+    chunk term to the dx kernel's rows when given (with cb; see the module docstring)."""
     dB_part, dC_part = out_buffers(x, B, dt.shape[2])
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
-            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, dout_y, cb)
+            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb)
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
     return sum_splits(dB_part, x.dtype), sum_splits(dC_part, x.dtype)
 
@@ -217,7 +236,7 @@ DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _dout_y, _cb = args
+    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _rows, _cb = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_z": int(z is not None),

@@ -345,9 +345,9 @@ def ssd_backward(
                                                                seq_idx)
     dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,
                                                              dstates, D, seq_idx)
-    # Without z the dx kernel leaves dout . y's chunk term out of rows[2] (slot 0 takes it here).
+    # Without z the dx kernel leaves dout . y (rows[2]) and ddt~'s chunk term (in rows[0]) to it.
     dB, dC = chunk_state_scan_bwd_dbdc._launch(dy, z, x, Bx, Cx, dt_out, dA_cumsum, prev_states, dstates, seq_idx,
-                                               rows[2, 0] if z is None else None, cb if z is None else None)
+                                               rows if z is None else None, cb if z is None else None)
     ddt, dA, ddt_bias = chunk_cumsum_bwd._launch(rows, ddA_last, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
     if D is not None and dD is not None:
         dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)

@@ -96,4 +96,6 @@ def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mod
     calls = json.loads((tmp_path / "calls.json").read_text())["calls"].values()
     (recorded,) = [c["dims"] for c in calls if c["kernel"] == "ssd_chunk_cumsum_bwd"]
     assert bwd_partials(40, 24) == {"row_partials": 3, "last_partials": 6}
+    # Without z the dB/dC kernel writes dout . y per 16 of dstate: Nano's 128 wins over its headdim 64.
+    assert bwd_partials(64, 128) == {"row_partials": 8, "last_partials": 32}
     assert recorded == all_keys()["ssd_chunk_cumsum_bwd"].dims_for(shape), recorded

@@ -52,7 +52,7 @@ class StageInputs:
     dstates_lowp: torch.Tensor  # G, seeded, in the inputs' dtype
     cb: torch.Tensor  # F4's output, fp32
     _grads: dict[bool, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
-    _dout_y_chunk: torch.Tensor | None = None
+    _dbdc_sum_terms: torch.Tensor | None = None
 
     @classmethod
     def make(cls, dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> StageInputs:
@@ -73,13 +73,17 @@ class StageInputs:
         cb = bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
         return cls(i, dy, dfinal, dA, dt_out, states, prev, dstates, cb)
 
-    def dout_y_chunk(self) -> torch.Tensor:
-        """dout_l . y_l's chunk term without z, (batch, nheads, nchunks * chunk_size) fp32:
-        sum_{j <= l} CB[l, j] exp(dA_l - dA_j) dt~_j (dy_l . x_j) within each chunk, what the
-        dB/dC kernel adds to the dx kernel's dout . y sums (which then hold only the state term).
+    def dbdc_sum_terms(self) -> torch.Tensor:
+        """What the dB/dC kernel adds to the dx kernel's sums without z (which then hold only
+        ddt~'s state term, and nothing of dout . y), (2, batch, nheads, nchunks * chunk_size)
+        fp32. From the products P[l, j] = CB[l, j] exp(dA_l - dA_j) (dy_l . x_j), l >= j,
+        within each chunk:
+          [0] ddt~_j's chunk term, sum_l P[l, j];
+          [1] dout_l . y_l: its chunk term sum_j P[l, j] dt~_j, plus its state term
+              exp(dA_l) dy_l . (prev_c C_l) (F5's, as chunk_scan_ref has it).
         Computed once (GBs of temporaries at Nano's sizes): both references and every check read it."""
-        if self._dout_y_chunk is not None:
-            return self._dout_y_chunk
+        if self._dbdc_sum_terms is not None:
+            return self._dbdc_sum_terms
         i = self.inp
         b, L, H, P = i.x.shape
         nc, Q = self.dt_out.shape[2], self.dt_out.shape[3]
@@ -92,9 +96,15 @@ class StageInputs:
         cb = self.cb[:, :, torch.arange(H, device=i.x.device) // (H // G)].permute(0, 2, 1, 3, 4)
         dA = self.dA_cumsum
         causal = torch.ones(Q, Q, dtype=torch.bool, device=i.x.device).tril()
-        decay = torch.exp(torch.clamp(dA[..., :, None] - dA[..., None, :], max=0.0)) * causal
-        self._dout_y_chunk = (cb * decay * self.dt_out[..., None, :] * w).sum(-1).reshape(b, H, nc * Q)
-        return self._dout_y_chunk
+        prod = cb * torch.exp(torch.clamp(dA[..., :, None] - dA[..., None, :], max=0.0)) * causal * w
+        ddt = prod.sum(-2)
+        y_state = chunk_scan_ref(torch.zeros_like(self.cb), i.x.float(), self.dt_out, self.dA_cumsum, i.C.float(),
+                                 self.prev_states_lowp.float(), seq_idx=i.seq_idx)
+        dout_y_state = (self.dy.float() * y_state).sum(-1).permute(0, 2, 1)  # (b, H, L)
+        dout_y = (prod * self.dt_out[..., None, :]).sum(-1).reshape(b, H, nc * Q)
+        dout_y[..., :L] += dout_y_state
+        self._dbdc_sum_terms = torch.stack([ddt.reshape(b, H, nc * Q), dout_y])
+        return self._dbdc_sum_terms
 
     def stage_grads(self, lowp: bool) -> dict[str, torch.Tensor]:
         """Reference gradients of the backward stages, fp32 (lowp=False) or eager torch in

@@ -22,7 +22,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     b, L, H, P = i.x.shape
     nc, Q = s.dt_out.shape[2], s.dt_out.shape[3]
     dstates = s.dstates_lowp
-    rows = torch.zeros((3, -(-P // kernel.SLOT), b, H, nc * Q), dtype=torch.float32, device=device)
+    rows = torch.zeros((3, kernel.row_slots(P, i.C.shape[3]), b, H, nc * Q), dtype=torch.float32, device=device)
     dD_part = torch.zeros((b, -(-L // kernel.SLOT), H, P), dtype=torch.float32, device=device)
     dz = None if i.z is None else torch.empty_like(i.z)
     args = (rows, dD_part, dz, s.dy, i.z, i.x, i.B, i.C, s.cb, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
@@ -40,11 +40,11 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
 
     def outputs(dx: torch.Tensor) -> dict[str, torch.Tensor]:
         r = rows.sum(1).view(3, b, H, nc, Q)
-        ddt_scan = r[0] - r[1]
-        dout_y = r[2]
-        if i.z is None:  # the kernel's sums hold dout . y's state term; the dB/dC kernel adds the chunk term
-            dout_y = dout_y + s.dout_y_chunk().view(b, H, nc, Q)
-        out = {"dx": dx.float(), "ddt": r[0], "ddt_state": r[1], "ddA_scan": dout_y - s.dt_out * ddt_scan}
+        ddt, dout_y = r[0], r[2]
+        if i.z is None:  # the dB/dC kernel adds ddt~'s chunk term and dout . y
+            terms = s.dbdc_sum_terms().view(2, b, H, nc, Q)
+            ddt, dout_y = ddt + terms[0], dout_y + terms[1]
+        out = {"dx": dx.float(), "ddt": ddt, "ddt_state": r[1], "ddA_scan": dout_y - s.dt_out * (ddt - r[1])}
         if dz is not None:
             out["dz"] = dz.float()
         if i.D is not None:

@@ -8,6 +8,7 @@ import torch
 
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
 
 
@@ -20,34 +21,36 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     i = s.inp
     dstates = s.dstates_lowp
     dB_part, dC_part = kernel.out_buffers(i.x, i.B, s.dt_out.shape[2])
-    # Without z the kernel also adds dout . y's chunk term to dout_y (checked below).
-    dout_y = None if i.z is not None else torch.zeros(s.dt_out.shape[0], s.dt_out.shape[1],
-                                                      s.dt_out.shape[2] * s.dt_out.shape[3], device=device)
+    # Without z the kernel also adds ddt~'s chunk term and dout . y to the dx kernel's sums (checked below).
+    b, L, H, P = i.x.shape
+    G, N = i.C.shape[2], i.C.shape[3]
+    rows = None if i.z is not None else torch.zeros(3, dx_kernel.row_slots(P, N), b, H,
+                                                    s.dt_out.shape[2] * s.dt_out.shape[3], device=device)
     args = (dB_part, dC_part, s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
-            i.seq_idx, dout_y, None if dout_y is None else s.cb)
+            i.seq_idx, rows, None if rows is None else s.cb)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
         g = s.stage_grads(lowp)
         out = {"dB": g["B"].float(), "dC": g["C"].float()}
-        if dout_y is not None:  # fp32 from the low-precision inputs either way: the bound is atol
-            out["dout_y_chunk"] = s.dout_y_chunk()
+        if rows is not None:  # fp32 from the low-precision inputs either way: the bound is atol
+            terms = s.dbdc_sum_terms()
+            out["ddt_chunk"], out["dout_y"] = terms[0], terms[1]
         return out
 
     def outputs(res: Any) -> dict[str, torch.Tensor]:
         out = {"dB": kernel.sum_splits(res[0], i.x.dtype).float(), "dC": kernel.sum_splits(res[1], i.x.dtype).float()}
-        if dout_y is not None:
-            out["dout_y_chunk"] = dout_y.clone()
+        if rows is not None:
+            r = rows.sum(1)
+            out["ddt_chunk"], out["dout_y"] = r[0], r[2]
         return out
 
-    b, L, H, P = i.x.shape
-    G, N = i.C.shape[2], i.C.shape[3]
     e = i.x.element_size()
     return Problem(
         args=args,
         reference=lambda: ref(False),
         lowp_reference=lambda: ref(True),
         outputs=outputs,
-        reset=None if dout_y is None else dout_y.zero_,
+        reset=None if rows is None else rows.zero_,
         bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 2 * i.C.numel()) * e + 2 * dstates.numel() * e
         + 2 * s.dt_out.numel() * 4 + 2 * dB_part.numel() * dB_part.element_size(),
         flops=4 * b * L * H * P * N + 2 * b * L * H * P * i.chunk_size + 2 * b * L * G * N * i.chunk_size,
@@ -74,7 +77,8 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
         dC2 = bm._bmm_chunk_bwd(i.B, dCB.transpose(-1, -2), residual=dC)
         if i.z is not None:
             return dB2, dC2
-        # Without z ours also adds dout . y's chunk term: mamba-ssm's ddA pass does that work.
+        # Without z ours also adds the chunk terms of dout . y and ddt~: mamba-ssm's ddA pass does
+        # that work (it takes both from one set of products; ddt~ it has from its dx kernel too).
         return dB2, dC2, sc._chunk_scan_bwd_ddAcs_stable(i.x, s.dt_out, s.dA_cumsum, dout, s.cb)
 
     return Baseline(name, fn)
