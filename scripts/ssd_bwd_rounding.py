@@ -9,7 +9,8 @@ gradients (scores rounded once for ddt~ and dx; ddA w.r.t. the dA increments fro
 products, `_chunk_scan_bwd_ddAcs_stable`; ddA_chunk_cumsum from fp32 states).
 
 Score modes of the emulation, for y's chunk term (dout . y) and raw_scan (ddt~, dx):
-split = two bf16 parts (the kernel on main; docs/pending/ssd-dx-lean.patch takes exact pair sums), round = bf16 once,
+split = two bf16 parts (the kernel before session 15, which now takes both pair sums exact from the
+dB/dC kernel without z), round = bf16 once,
 exact = fp32, consistent = raw_scan's scores scaled by dt~ of their column before the
 rounding, so that dout . y and dt~ ddt~ take the same rounded products.
 
