@@ -132,7 +132,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                                f"slurmctld: {self._log_tail('slurmctld')}; slurmd: {self._log_tail('slurmd')}")
 
     def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
+        if self.pids.get("slurmctld") is not None:  # also where Slurm is not installed: nothing to cancel
+            subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.pids.pop(name, None)
             if pid is None:
