@@ -238,17 +238,6 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
     return problems
 
 
-def work_items() -> list[tuple[str, Any]]:
-    """What `main` lowers, in its order: ("kernel", TunableKernel) for every kernel, then
-    ("bundle", path) for every committed bundle; `--shard I/N` takes items I, I + N, ..."""
-    from autotune_cli.tuning import all_kernels
-    from mamba_tune.bundle import find_bundles
-    from mamba_tune.runtime import default_bundle_paths
-
-    work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
-    return work + [("bundle", path) for path in find_bundles(default_bundle_paths())]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Lower every kernel's default config at LOWERING_SHAPES, every search seed at
     SEED_SHAPES, and every committed bundle config. `--shard I/N` does the I-th of N
@@ -264,10 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         if index >= count:
             print(f"--shard {args[1]}: I must be below N", file=sys.stderr)
             return 2
-    from mamba_tune.bundle import BundleError, load_bundle
+    from autotune_cli.tuning import all_kernels
+    from mamba_tune.bundle import BundleError, find_bundles, load_bundle
+    from mamba_tune.runtime import default_bundle_paths
 
+    work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
+    work += [("bundle", path) for path in find_bundles(default_bundle_paths())]
     failures = 0
-    for kind, item in work_items()[index::count]:
+    for kind, item in work[index::count]:
         if kind == "kernel":
             failures += _lower_kernel(item)
             continue

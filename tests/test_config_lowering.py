@@ -12,38 +12,29 @@ import sys
 
 import pytest
 
-from autotune_cli.lowering import work_items
+from autotune_cli.tuning import all_kernels
 from mamba_tune.bundle import find_bundles, load_bundle
 from mamba_tune.runtime import default_bundle_paths
 
 pytestmark = pytest.mark.slow
 
 
-# The lowering is the suite's longest work (about 4 min of CPU): split into this many tests, which
-# pytest-xdist spreads over its workers, each running `lowering_processes` shard processes.
-LOWERING_PARTS = 4
-
-
-@pytest.mark.parametrize("part", range(LOWERING_PARTS))
-def test_default_configs_and_committed_bundles_lower(clean_env, lowering_processes, part):
-    n = lowering_processes
-    count = LOWERING_PARTS * n
-    shards = [part * n + i for i in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{count}"],
+def test_default_configs_and_committed_bundles_lower(clean_env, lowering_processes):
+    # Processes that share the lowering (`--shard I/N`): one per core the test has.
+    shards = lowering_processes
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{shards}"],
                               env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in shards]
+             for i in range(shards)]
     outs = [p.communicate(timeout=1200) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, (out + err)[-4000:]
     stdout = "".join(out for out, _ in outs)
     assert "FAIL" not in stdout
-    work = work_items()
-    for kind, item in (w for i in shards for w in work[i::count]):
-        if kind == "kernel":
-            assert f"ok   {item.name} " in stdout, item.name
-        else:
-            n_entries = len(load_bundle(item).entries)
-            assert stdout.count(f"{item}: {n_entries}/{n_entries} configs lower") == 1, item
+    for name in all_kernels():  # every kernel, in one of the shards
+        assert f"ok   {name} " in stdout, name
+    for path in find_bundles(default_bundle_paths()):
+        n = len(load_bundle(path).entries)
+        assert stdout.count(f"{path}: {n}/{n} configs lower") == 1
 
 
 def test_lowering_shards_reject_bad_arguments(clean_env):

@@ -83,25 +83,13 @@ def _ssd_step() -> None:
     (out.float().square().sum() + final.square().sum()).backward()
 
 
-# The calls training makes, each with kernels it must reach (one test each, so that pytest-xdist
-# spreads the binding, the suite's second-longest work, over its workers).
-STEPS: dict[str, tuple[Callable[[], None], set[str]]] = {
-    # mamba-ssm's fused Mamba2 path: conv1d, SSD and gated norm forward and backward
-    "layer": (_layer_step, {"ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "causal_conv1d_bwd",
-                            "gated_norm_bwd", "ssd_chunk_scan"}),
-    # z through the SSD, packed sequences
-    "layer-z-seq_idx": (lambda: _layer_step(rmsnorm=False, seq_idx=True, D_per_head=False),
-                        {"ssd_chunk_scan_chunk_state_bwd_dx", "causal_conv1d_bwd", "ssd_chunk_scan"}),
-    "ssd": (_ssd_step, {"ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_scan"}),
-}
-
-
-@pytest.mark.parametrize("step", list(STEPS))
-def test_tuning_problems_bind_to_the_config_space_of_the_calls_training_makes(layer_ref_mode, captured, step):
-    run, reached = STEPS[step]
-    run()
+def test_tuning_problems_bind_to_the_config_space_of_the_calls_training_makes(layer_ref_mode, captured):
+    _layer_step()  # mamba-ssm's fused Mamba2 path: conv1d, SSD and gated norm forward and backward
+    _layer_step(rmsnorm=False, seq_idx=True, D_per_head=False)  # z through the SSD, packed sequences
+    _ssd_step()
     records = {tk.runtime.name: tk for tk in all_kernels().values()}
-    assert {name for name, _ in captured} >= reached
+    assert {name for name, _ in captured} >= {"ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
+                                              "causal_conv1d_bwd", "gated_norm_bwd", "ssd_chunk_scan"}
     assert {name for name, _ in captured} <= set(records), "a kernel without a tuning record"
     differ = []
     for rk, meta in captured.values():
