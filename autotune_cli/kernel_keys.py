@@ -73,21 +73,29 @@ def _kernels_root() -> Path:
 
 
 # The SSD backward's fp32 partial sums: the dx kernel writes one row of per-position sums per
-# PARTIAL_SLOT-wide slice of headdim (without z the dB/dC kernel one of dout . y per slice of
-# dstate), the state passing backward one d dA_last per
-# PARTIAL_SLOT x PARTIAL_SLOT tile of the state (SLOT in kernels/ssd/chunk_scan_chunk_state_bwd_dx.py
-# and chunk_state_passing_bwd.py). The cumsum backward folds them in two loops whose trip
-# counts shape its config (Helion offers a static range for a loop of 8 iterations, not 16):
-# they are key dims, or a config tuned at one count is rejected at another.
+# block of headdim (without z the dB/dC kernel one of dout . y per block of dstate), whose least
+# width `_slot_block` gives (SLOT_P, SLOT_N and slot_block in
+# kernels/ssd/chunk_scan_chunk_state_bwd_dx.py), and the state passing backward one d dA_last per
+# PARTIAL_SLOT x PARTIAL_SLOT tile of the state (SLOT in chunk_state_passing_bwd.py). The cumsum
+# backward folds them in two loops whose trip counts shape its config (Helion offers a static
+# range for a loop of 8 iterations, not 16): they are key dims, or a config tuned at one count is
+# rejected at another. Mirrored here since this module imports neither torch nor the kernels
+# (tests/ssd/test_backward_keys.py checks the two agree).
 PARTIAL_SLOT = 16
+SLOT_P = 64
+SLOT_N = 128
+
+
+def _slot_block(size: int, cap: int) -> int:
+    return max(16, min(cap, size & -size))
 
 
 def bwd_partials(headdim: int, dstate: int) -> dict[str, int]:
     """The cumsum backward's partial counts at (headdim, dstate): row_partials (per position:
-    one per slice of headdim or, for the dB/dC kernel's dout . y without z, of dstate, whichever
+    one per block of headdim or, for the dB/dC kernel's dout . y without z, of dstate, whichever
     is more), last_partials."""
-    p = -(-headdim // PARTIAL_SLOT)
-    return {"row_partials": -(-max(headdim, dstate) // PARTIAL_SLOT), "last_partials": p * -(-dstate // PARTIAL_SLOT)}
+    rows = max(-(-headdim // _slot_block(headdim, SLOT_P)), -(-dstate // _slot_block(dstate, SLOT_N)))
+    return {"row_partials": rows, "last_partials": -(-headdim // PARTIAL_SLOT) * -(-dstate // PARTIAL_SLOT)}
 
 
 def mixer_dims(shape: ModelShape) -> dict[str, int]:

@@ -21,8 +21,11 @@ output for dz (`_chunk_scan_bwd_dz`) and runs a separate pass for ddA
 already loaded, removes both and the saved output (the forward saves no output at all).
 
 Reductions without atomics: ddt~, d dA pieces and dD over headdim blocks go to one slot
-per 16-wide block (the finest any config makes), dD over positions to one row per
-16-row block; the cumsum backward and the host sum the slots in a fixed order.
+per block of headdim, dD over positions to one row per 16-row block; the cumsum backward
+and the host sum the slots in a fixed order. The slots are memset and read whole, so a
+headdim block is at least SLOT_P wide (or the largest power of two dividing headdim, if
+less): one slot at every model's headdim of 64, where 16-wide blocks, which no tuned
+config chose, made Nano TP1's sums 100 MB instead of 13.
 
 Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
 `autotune_cli/tuning/ssd/`). One program owns block_m
@@ -41,7 +44,11 @@ import torch
 from mamba_tune import runtime
 from mamba_tune.ssd import common
 
-SLOT = 16
+SLOT = 16  # dD_part: one row per this many positions (block_m's least)
+# The least headdim block (rows' slots) and, for the dB/dC kernel's dout . y sums, the least
+# dstate block: see `slot_block`.
+SLOT_P = 64
+SLOT_N = 128
 LOG2E = 1.4426950408889634
 
 
@@ -74,7 +81,7 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
     dx = torch.empty_like(x)
     block_m = hl.register_block_size(16, chunk_size)
-    block_p = hl.register_block_size(16, headdim)
+    block_p = hl.register_block_size(max(16, min(SLOT_P, headdim & -headdim)), headdim)  # slot_block
     block_k = hl.register_block_size(16, chunk_size)
     block_n = hl.register_block_size(16, dstate)
     for tile_h, tile_m, tile_p, tile_b in hl.tile(
@@ -105,13 +112,13 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             if z is not None:
                 y = hl.dot(C[b, tile_m, g, tile_n], prev_states[b, c, h, tile_p, tile_n].T, acc=y)
             raw_state = hl.dot(B[b, tile_m, g, tile_n], dstates[b, c, h, tile_p, tile_n].T, acc=raw_state)
-        y = y * scale_m[:, None]
         raw_state = raw_state * weight_m[:, None]
         dA_m2 = dA_m * LOG2E
         # F5's chunk term, columns c0 .. the block's last row (causal): only with z, where dz needs
         # y itself. Without z, y serves only dout . y, whose chunk term the dB/dC kernel adds to
         # rows[2] from the dout . x^T tiles it computes anyway (chunk_state_scan_bwd_dbdc.py).
         if z is not None:
+            y = y * scale_m[:, None]
             for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
                 scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
                 decay = torch.exp2(torch.clamp(dA_m2[:, None] - dA_pos[b, h, tile_k][None, :] * LOG2E, max=0.0))
@@ -161,14 +168,15 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
             dout_m = dy_m
         raw = raw_state + raw_scan
         dx_m = raw * dt_m[:, None]
-        y_pre = y
         if D is not None:
             d_hp = D[h, tile_p].to(torch.float32)
             dx_m = dx_m + dout_f * d_hp[None, :]
-            y_pre = y + x_m * d_hp[None, :]
             dD_part[b, tile_m.id, h, tile_p] = torch.sum(dout_f * x_m, dim=0)
         dx[b, tile_m, h, tile_p] = dx_m.to(dx.dtype)
         if z is not None:
+            y_pre = y
+            if D is not None:
+                y_pre = y + x_m * D[h, tile_p].to(torch.float32)[None, :]
             dz[b, tile_m, h, tile_p] = (dy_m * y_pre * sig * (1.0 + z_m * (1.0 - sig))).to(dz.dtype)
         # Without z only ddt~'s state term (the dB/dC kernel adds its chunk term to slot 0).
         rows[0, slot, b, h, tile_m] = torch.sum(x_m * (raw if z is not None else raw_state), dim=1)
@@ -181,10 +189,18 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
+def slot_block(size: int, cap: int) -> int:
+    """The least block size over a dim of `size` whose blocks each get a slot of rows (headdim
+    here, cap SLOT_P; dstate in the dB/dC kernel, cap SLOT_N): a power of two, at least 16 (the
+    dots' least), at most the largest power of two dividing size and at most cap. The kernels
+    register their blocks with this least, so no config makes more than ceil(size / it) blocks."""
+    return max(16, min(cap, size & -size))
+
+
 def row_slots(headdim: int, dstate: int) -> int:
-    """Partial slots per position in rows: one per SLOT-wide block of headdim (this kernel's
-    ddt~ sums) or of dstate (the dB/dC kernel's dout . y sums without z), whichever is more."""
-    return -(-max(headdim, dstate) // SLOT)
+    """Partial slots per position in rows: one per block of headdim (this kernel's ddt~ sums)
+    or of dstate (the dB/dC kernel's dout . y sums without z), the most any config makes."""
+    return max(-(-headdim // slot_block(headdim, SLOT_P)), -(-dstate // slot_block(dstate, SLOT_N)))
 
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

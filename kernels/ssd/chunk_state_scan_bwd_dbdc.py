@@ -50,6 +50,7 @@ import torch
 
 from mamba_tune import runtime
 from mamba_tune.ssd import common
+from mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx import SLOT_N
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -81,7 +82,7 @@ def chunk_state_scan_bwd_dbdc_kernel(
     dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
     block_m = hl.register_block_size(16, chunk_size)
-    block_n = hl.register_block_size(16, dstate)
+    block_n = hl.register_block_size(max(16, min(SLOT_N, dstate & -dstate)), dstate)  # slot_block(dstate, SLOT_N)
     block_k = hl.register_block_size(16, chunk_size)
     block_q = hl.register_block_size(16, headdim)
     for tile_gs, tile_m, tile_n, tile_b in hl.tile(

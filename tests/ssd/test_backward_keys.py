@@ -74,16 +74,21 @@ def test_bench_backward_kernel_rows_run_each_kernel_through_the_runtime(tmp_path
 
 
 def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mode, tmp_path):
-    # The cumsum backward folds one partial per 16 of headdim (from the dx kernel) and one per
+    # The cumsum backward folds one partial per block of headdim (from the dx kernel) and one per
     # 16 x 16 of the state (from the state passing backward); the loops' trip counts shape its
     # config, so a tuned config only fits the counts it was tuned at. The H200's Nano TP1 entry was
     # tuned on one partial of each while training hands it 4 and 32: Helion rejected it on every call
     # (config['static_ranges'] has 2 values, expected 1). A real backward's recorded key must be the
     # key the plan tunes: kernel_keys derives the counts from headdim and dstate.
-    from autotune_cli.kernel_keys import PARTIAL_SLOT, ModelShape, all_keys, bwd_partials
-    from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx, chunk_state_passing_bwd
+    from autotune_cli import kernel_keys
+    from autotune_cli.kernel_keys import ModelShape, all_keys, bwd_partials
+    from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+    from mamba_tune.ssd import chunk_state_passing_bwd
 
-    assert PARTIAL_SLOT == chunk_scan_chunk_state_bwd_dx.SLOT == chunk_state_passing_bwd.SLOT
+    assert kernel_keys.PARTIAL_SLOT == chunk_state_passing_bwd.SLOT
+    assert (kernel_keys.SLOT_P, kernel_keys.SLOT_N) == (dx_kernel.SLOT_P, dx_kernel.SLOT_N)
+    for p, n in ((40, 24), (64, 128), (64, 64), (64, 256), (128, 16), (80, 96)):
+        assert bwd_partials(p, n)["row_partials"] == dx_kernel.row_slots(p, n), (p, n)
     shape = ModelShape(batch=1, seqlen=40, nheads=2, headdim=40, ngroups=1, dstate=24, chunk_size=16)
     dims = {"batch": 1, "seqlen": 40, "nheads": 2, "headdim": 40, "ngroups": 1, "dstate": 24, "chunk_size": 16,
             "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
@@ -96,6 +101,7 @@ def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mod
     calls = json.loads((tmp_path / "calls.json").read_text())["calls"].values()
     (recorded,) = [c["dims"] for c in calls if c["kernel"] == "ssd_chunk_cumsum_bwd"]
     assert bwd_partials(40, 24) == {"row_partials": 3, "last_partials": 6}
-    # Without z the dB/dC kernel writes dout . y per 16 of dstate: Nano's 128 wins over its headdim 64.
-    assert bwd_partials(64, 128) == {"row_partials": 8, "last_partials": 32}
+    # Every model's headdim 64 and dstate 64-128 make one slot; 47B's dstate 256 makes two.
+    assert bwd_partials(64, 128) == {"row_partials": 1, "last_partials": 32}
+    assert bwd_partials(64, 256) == {"row_partials": 2, "last_partials": 64}
     assert recorded == all_keys()["ssd_chunk_cumsum_bwd"].dims_for(shape), recorded

@@ -78,7 +78,8 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
         # The config the runtime runs without an entry: the kernel's own default where it names
         # one (the backward kernels do), else Helion's.
         code = triton_source(bound, tk.default_for(bound, dims))
-        result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store"}
+        result = {"id": case_id, "ok": "tl.store" in code, "error": "" if "tl.store" in code else "no store",
+                  "least_blocks": [s.min_size for s in bound.config_spec.block_sizes]}
     except Exception as e:  # every compiler error is a finding for this case
         result = {"id": case_id, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
     print(json.dumps(result), flush=True)
@@ -126,3 +127,24 @@ def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str)
     assert case_id in lowered, f"{case_id}: the lowering worker printed no result"
     result = lowered[case_id]
     assert result["ok"], f"{case_id}: {result['error']}"
+
+
+# The dx kernel writes one slot of rows per headdim block, the dB/dC kernel one per dstate block
+# (block_sizes[1] of each); the launcher sizes rows for the most blocks any config can make. A
+# config with more blocks than slots would write past rows on the GPU: the blocks' registered least
+# must be the launcher's.
+SLOT_BLOCKS = {"ssd_chunk_scan_chunk_state_bwd_dx": ("headdim", "SLOT_P"), "ssd_chunk_state_scan_bwd_dbdc": ("dstate", "SLOT_N")}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ssd-lowering")
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES if c[1] in SLOT_BLOCKS])
+def test_slot_blocks_are_at_least_the_launchers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
+    from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+
+    _, stage, dims, _ = next(c for c in CASES if c[0] == case_id)
+    dim, cap = SLOT_BLOCKS[stage]
+    assert lowered[case_id]["ok"], lowered[case_id]["error"]
+    least = lowered[case_id]["least_blocks"][1]
+    assert least == dx_kernel.slot_block(dims[dim], getattr(dx_kernel, cap)), (case_id, least)
+    assert -(-dims[dim] // least) <= dx_kernel.row_slots(dims["headdim"], dims["dstate"])

@@ -94,8 +94,10 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 
 # block_sizes = [chunk rows, headdim, chunk positions per dot, dstate per dot].
+# The headdim block starts at the least the kernel registers (`slot_block`).
 _SEEDS = inputs.fixed_seeds([([64, 64, 32, 64], 4, 3), ([64, 64, 64, 64], 4, 3), ([32, 64, 32, 64], 4, 3),
-                             ([64, 32, 32, 128], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 64, 32, 32], 4, 2)])
+                             ([64, 32, 32, 128], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 64, 32, 32], 4, 2)],
+                            least=lambda d: {1: kernel.slot_block(d["headdim"], kernel.SLOT_P)})
 
 
 SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = TunableKernel(

@@ -114,11 +114,26 @@ def packed_seq_idx(batch: int, seqlen: int, gen: torch.Generator) -> torch.Tenso
     return torch.stack(rows)
 
 
-def fixed_seeds(table: list[tuple[list[int], int, int]]) -> Callable[[dict[str, int]], list[dict[str, Any]]]:
-    """A kernel's search seeds that do not depend on the dims: (block_sizes, num_warps,
-    num_stages) rows, hand-picked from H200 probes at Nemotron-3 Nano dims."""
+def fixed_seeds(table: list[tuple[list[int], int, int]],
+                least: Callable[[dict[str, int]], dict[int, int]] | None = None
+                ) -> Callable[[dict[str, int]], list[dict[str, Any]]]:
+    """A kernel's search seeds: (block_sizes, num_warps, num_stages) rows, hand-picked from
+    H200 probes at Nemotron-3 Nano dims. `least(dims)` maps a block's index to the least size
+    the kernel registers for it at those dims (Helion would raise a smaller one, so the seed
+    would not reach the search as written); such blocks are raised to it and repeats dropped."""
     configs = [{"block_sizes": bs, "num_warps": w, "num_stages": st} for bs, w, st in table]
-    return lambda dims: [dict(c) for c in configs]
+
+    def seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+        floors = least(dims) if least is not None else {}
+        out: list[dict[str, Any]] = []
+        for c in configs:
+            bs = [max(b, floors.get(i, b)) for i, b in enumerate(c["block_sizes"])]
+            seed = {**c, "block_sizes": bs}
+            if seed not in out:
+                out.append(seed)
+        return out
+
+    return seeds
 
 
 def mamba_ssm_ops() -> tuple[dict[str, ModuleType], str] | None:
