@@ -38,7 +38,7 @@ from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
 from autotune_cli.warm_start import warm_configs
-from autotune_cli.worker import STACKS_SIGNAL
+from autotune_cli.worker import STACKS_SIGNAL, format_phases
 from mamba_tune.bundle import (
     Bundle,
     BundleError,
@@ -440,7 +440,7 @@ class Sweep:
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
                         writer.save(entry, failure, kprov)
-                        took = progress.combo_done(run, entry, failure, now)
+                        took = progress.combo_done(run, entry, failure, now, (result or {}).get("phases"))
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
             except BaseException as e:
@@ -676,17 +676,23 @@ class _Progress:
         per = (sum(self.durations) / len(self.durations)) if self.durations else estimate_seconds_for(self.budget)
         return _fmt_s(per * remaining / self.nslots)
 
-    def combo_done(self, run: _Running, entry: Entry | None, failure: Failure | None, now: float) -> float:
-        """Count a finished combo and print its line; returns how long it took."""
+    def combo_done(self, run: _Running, entry: Entry | None, failure: Failure | None, now: float,
+                   phases: dict[str, float] | None = None) -> float:
+        """Count a finished combo and print its line (with where its time went, when the
+        worker said: its tune's phases, and the rest, mostly the worker's start); returns how
+        long it took."""
         took = now - run.started
         self.durations.append(took)
         self.finished += 1
         head = f"[{self.finished}/{self.total}] {escape(run.combo.label())}"
+        spent = ""
+        if phases:
+            spent = f" ({escape(format_phases(phases))}, rest {max(0.0, took - sum(phases.values())):.1f}s)"
         if entry is not None:
-            self.console.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}; "
+            self.console.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}{spent}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         else:
-            self.console.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}; "
+            self.console.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}{spent}; "
                                f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
         return took
 

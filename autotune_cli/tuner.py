@@ -44,6 +44,10 @@ class Outcome:
     entry: Entry | None
     failure: Failure | None
     kernel: KernelProvenance
+    # Wall seconds per phase of the tune, in order: setup (inputs, bind), search, check (the
+    # winner's fp32 check, compiles included), timing (winner and default), baseline (mamba-ssm's
+    # kernels, their first-call autotune included). A failed tune has the phases it reached.
+    phases: tuple[tuple[str, float], ...] = ()
 
 
 def ref_mode(tk: TunableKernel) -> bool:
@@ -245,6 +249,14 @@ def tune(
     status_path: str | None = None,
     warm_start: Sequence[dict[str, Any]] | None = None,
 ) -> Outcome:
+    phases: dict[str, float] = {}
+    phase_start = [time.perf_counter()]
+
+    def phase_done(name: str) -> None:
+        t = time.perf_counter()
+        phases[name] = round(t - phase_start[0], 2)
+        phase_start[0] = t
+
     tk = get(kernel_name)
     dtype = torch_dtype(dtype_name)
     interpret = ref_mode(tk)
@@ -258,7 +270,10 @@ def tune(
                             config_spec_fingerprint=bound.config_spec.structural_fingerprint_hash())
 
     def failure(reason: str) -> Outcome:
-        return Outcome(None, Failure(kernel=kernel_name, dims=dims, dtype=dtype_name, reason=reason, at=now()), prov)
+        return Outcome(None, Failure(kernel=kernel_name, dims=dims, dtype=dtype_name, reason=reason, at=now()), prov,
+                       tuple(phases.items()))
+
+    phase_done("setup")
 
     with _Heartbeat(status_path) as hb:
         t0 = time.perf_counter()
@@ -275,6 +290,7 @@ def tune(
                     raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
                 return failure(f"autotune failed: {type(e).__name__}: {e}")
         seconds = time.perf_counter() - t0
+        phase_done("search")
 
         hb.phase = "checking"
 
@@ -288,10 +304,12 @@ def tune(
         config = best
         if not acc.passed:
             acc_default = check_accuracy(check, check.run(fn_default), tol)
+            phase_done("check")
             if acc_default.passed:
                 return failure(accuracy_reason(acc) + "; the default config passes: the search winner is rejected")
             return failure(accuracy_reason(acc) + "; the default config fails too: the kernel is wrong at this shape")
 
+        phase_done("check")
         hb.phase = "timing"
         t_best = bench_ms(lambda: problem.run(fn_best), device)
         # The same config timed twice would only report noise as a speedup.
@@ -299,11 +317,13 @@ def tune(
         if t_default < t_best:
             # The search measured the kernel alone; the full op (with epilogue) says default wins.
             config, t_best = default, t_default
+        phase_done("timing")
         baseline_ms = baseline_name = None
         if tk.make_baseline is not None:
             base = tk.make_baseline(dims, dtype, device, budget.seed)
             if base is not None:
                 baseline_ms, baseline_name = bench_ms(base.fn, device), base.name
+        phase_done("baseline")
         gbps = problem.bytes_moved / (t_best * 1e-3) / 1e9 if problem.bytes_moved else None
         tflops = problem.flops / (t_best * 1e-3) / 1e12 if problem.flops else None
 
@@ -323,4 +343,4 @@ def tune(
         accuracy=acc,
         tuned_at=now(),
     )
-    return Outcome(entry, None, prov)
+    return Outcome(entry, None, prov, tuple(phases.items()))

@@ -28,6 +28,12 @@ STACKS_SIGNAL: int | None = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") e
 _stacks_to: list[object] = []  # keeps the log's descriptor copy open for faulthandler
 
 
+def format_phases(phases: object) -> str:
+    """'setup 9.1s, search 34.0s, ...' from a tune's phase seconds (pairs or a dict, in order)."""
+    items = phases.items() if isinstance(phases, dict) else phases
+    return ", ".join(f"{name} {float(sec):.1f}s" for name, sec in items)  # type: ignore[union-attr]
+
+
 def install_stack_dump() -> None:
     """On STACKS_SIGNAL, write every thread's stack to the log: fd 2 as it is now, through a
     descriptor of its own, since Helion points fd 2 at a temporary file while it compiles
@@ -56,7 +62,10 @@ def main(argv: list[str]) -> int:
             "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),
             "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),
             "kernel": outcome.kernel.model_dump(mode="json"),
+            "phases": dict(outcome.phases),
         }
+        # Into the combo's log too, where the sweep keeps one (--log-dir).
+        print(f"phases: {format_phases(outcome.phases)}", file=sys.stderr, flush=True)
     except ContextLost as e:
         result = {"error": str(e), "context_lost": True}
     except TuneFailure as e:

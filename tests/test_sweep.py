@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,14 @@ def test_resume_after_kill(tmp_path):
     r = subprocess.run(sweep_cmd(out, spec=spec), env=env(tmpdir), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"4 combos, {done} already in" in r.stderr
+    # Each combo's line says where its time went: the tune's phases, then the rest (the worker's
+    # start); its log has the phases too.
+    flat = " ".join(r.stderr.split())
+    spent = re.findall(r"\(setup [\d.]+s, search [\d.]+s, check [\d.]+s, timing [\d.]+s, baseline [\d.]+s, "
+                       r"rest [\d.]+s\)", flat)
+    assert len(spent) == 4 - done, flat[-3000:]
+    logs = sorted((out / "logs").rglob("*.log"))
+    assert sum("phases: setup " in p.read_text() for p in logs) >= 4 - done, [p.name for p in logs]
     assert sweep_dirs(tmpdir) == [live.name]
     assert sorted(p.name for p in bundle_path.parent.iterdir()) == ["tiny.json", "tiny.json.lock"]
     final = load_bundle(bundle_path)
