@@ -250,12 +250,13 @@ def tune(
     warm_start: Sequence[dict[str, Any]] | None = None,
 ) -> Outcome:
     phases: dict[str, float] = {}
-    phase_start = [time.perf_counter()]
+    phase_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
+        nonlocal phase_start
         t = time.perf_counter()
-        phases[name] = round(t - phase_start[0], 2)
-        phase_start[0] = t
+        phases[name] = round(t - phase_start, 2)
+        phase_start = t
 
     tk = get(kernel_name)
     dtype = torch_dtype(dtype_name)
@@ -276,7 +277,6 @@ def tune(
     phase_done("setup")
 
     with _Heartbeat(status_path) as hb:
-        t0 = time.perf_counter()
         if interpret or budget.effort == "none":
             # No search: ref mode has no compiled code to time; effort none means "default".
             best, tried, seeds = default, 1, []
@@ -289,7 +289,6 @@ def tune(
                 if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
                     raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
                 return failure(f"autotune failed: {type(e).__name__}: {e}")
-        seconds = time.perf_counter() - t0
         phase_done("search")
 
         hb.phase = "checking"
@@ -337,7 +336,7 @@ def tune(
         speedup=Speedup(vs_default=t_default / t_best,
                         vs_baseline=None if baseline_ms is None else baseline_ms / t_best),
         search=Search(algorithm="none" if (interpret or budget.effort == "none") else budget.algorithm,
-                      effort="none" if interpret else budget.effort, configs_tried=tried, seconds=round(seconds, 2),
+                      effort="none" if interpret else budget.effort, configs_tried=tried, seconds=phases["search"],
                       seed=budget.seed, seed_configs=len(seeds), budget_seconds=budget.seconds_per_combo,
                       max_generations=budget.max_generations),
         accuracy=acc,

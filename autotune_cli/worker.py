@@ -28,10 +28,9 @@ STACKS_SIGNAL: int | None = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") e
 _stacks_to: list[object] = []  # keeps the log's descriptor copy open for faulthandler
 
 
-def format_phases(phases: object) -> str:
-    """'setup 9.1s, search 34.0s, ...' from a tune's phase seconds (pairs or a dict, in order)."""
-    items = phases.items() if isinstance(phases, dict) else phases
-    return ", ".join(f"{name} {float(sec):.1f}s" for name, sec in items)  # type: ignore[union-attr]
+def format_phases(phases: dict[str, float]) -> str:
+    """'setup 9.1s, search 34.0s, ...' from a tune's phase seconds, in order."""
+    return ", ".join(f"{name} {sec:.1f}s" for name, sec in phases.items())
 
 
 def install_stack_dump() -> None:
@@ -65,7 +64,7 @@ def main(argv: list[str]) -> int:
             "phases": dict(outcome.phases),
         }
         # Into the combo's log too, where the sweep keeps one (--log-dir).
-        print(f"phases: {format_phases(outcome.phases)}", file=sys.stderr, flush=True)
+        print(f"phases: {format_phases(result['phases'])}", file=sys.stderr, flush=True)
     except ContextLost as e:
         result = {"error": str(e), "context_lost": True}
     except TuneFailure as e:
