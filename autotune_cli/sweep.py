@@ -312,7 +312,8 @@ class Sweep:
         workdir = tmp / f"combo-{index:04d}{tag}"
         workdir.mkdir()
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
-               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
+               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
+               "spawned_at": time.time()}  # the worker's "start" phase counts from here
         (workdir / "job.json").write_text(json.dumps(job))
         child_env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
@@ -440,7 +441,7 @@ class Sweep:
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
                         writer.save(entry, failure, kprov)
-                        took = progress.combo_done(run, entry, failure, now, (result or {}).get("phases"))
+                        took = progress.combo_done(run, entry, failure, now, worker_phases(result, time.time()))
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
             except BaseException as e:
@@ -679,8 +680,8 @@ class _Progress:
     def combo_done(self, run: _Running, entry: Entry | None, failure: Failure | None, now: float,
                    phases: dict[str, float] | None = None) -> float:
         """Count a finished combo and print its line (with where its time went, when the
-        worker said: its tune's phases, and the rest, mostly the worker's start); returns how
-        long it took."""
+        worker said: `worker_phases`, and the rest: the sweep's polling and file handling);
+        returns how long it took."""
         took = now - run.started
         self.durations.append(took)
         self.finished += 1
@@ -712,6 +713,18 @@ class _Progress:
         if not self.console.is_terminal and now - self.last_note > 60:
             self.console.print(line, markup=False)
             self.last_note = now
+
+
+def worker_phases(result: dict[str, Any] | None, reaped_at: float) -> dict[str, float] | None:
+    """Where a finished worker's time went, in order: its start (spawn to imports done), its
+    tune's phases, and its exit (result written to process reaped, wall clock; the sweep
+    polls every 0.5 s). None when the worker reported no phases (a crash or an error)."""
+    phases = (result or {}).get("phases")
+    if not phases:
+        return None
+    written = result.get("written_at") if result else None
+    tail = {"exit": max(0.0, reaped_at - written)} if isinstance(written, (int, float)) else {}
+    return {**phases, **tail}
 
 
 def _tail(path: Path, lines: int = 3) -> str:

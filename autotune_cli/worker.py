@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 # The signal on which the worker writes every thread's stack to its log; the sweep sends it
@@ -26,6 +27,13 @@ import traceback
 STACKS_SIGNAL: int | None = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else None
 
 _stacks_to: list[object] = []  # keeps the log's descriptor copy open for faulthandler
+
+
+def start_seconds(job: dict[str, object]) -> dict[str, float]:
+    """{'start': seconds from the parent's spawn (the job's `spawned_at`, wall clock) to now,
+    the worker's imports done}; empty when the job does not say when it was spawned."""
+    spawned = job.get("spawned_at")
+    return {"start": max(0.0, time.time() - spawned)} if isinstance(spawned, (int, float)) else {}
 
 
 def format_phases(phases: dict[str, float]) -> str:
@@ -53,6 +61,9 @@ def main(argv: list[str]) -> int:
     from autotune_cli.spec import Budget, Tolerance
     from autotune_cli.tuner import ContextLost, TuneFailure, tune
 
+    # The process's start (interpreter, torch, helion and the kernels imported): what a worker
+    # kept warm between combos would save.
+    start = start_seconds(job)
     try:
         outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
                        Tolerance.model_validate(job["tolerance"]), status_path=status_path,
@@ -61,7 +72,7 @@ def main(argv: list[str]) -> int:
             "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),
             "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),
             "kernel": outcome.kernel.model_dump(mode="json"),
-            "phases": dict(outcome.phases),
+            "phases": {**start, **dict(outcome.phases)},
         }
         # Into the combo's log too, where the sweep keeps one (--log-dir).
         print(f"phases: {format_phases(result['phases'])}", file=sys.stderr, flush=True)
@@ -73,6 +84,8 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result = {"error": f"{type(e).__name__}: {e}"}
     tmp = f"{result_path}.tmp"
+    # When the result was written: the parent times the worker's exit from it.
+    result["written_at"] = time.time()
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, result_path)
