@@ -1,4 +1,5 @@
-"""Run a sweep: one worker process per combo, spread over GPUs, every result written at once.
+"""Run a sweep: combos spread over GPUs, one worker process per GPU kept warm between combos
+(or one per combo: --fresh-workers), every result written at once.
 
 The bundle is rewritten atomically after each combo, so a crashed or killed sweep loses at
 most the combos in flight; rerunning the same command skips what is already in the bundle
@@ -38,7 +39,7 @@ from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
 from autotune_cli.warm_start import warm_configs
-from autotune_cli.worker import STACKS_SIGNAL, format_phases
+from autotune_cli.worker import INBOX_JOB, STACKS_SIGNAL, format_phases
 from mamba_tune.bundle import (
     Bundle,
     BundleError,
@@ -99,6 +100,8 @@ class SweepOptions:
     partial: bool = False
     # Bundles whose entries seed the searches too (--warm-start), beside the one being written.
     warm_start: tuple[Path, ...] = ()
+    # A new worker process per combo (--fresh-workers) instead of one kept warm per GPU.
+    fresh_workers: bool = False
 
 
 @dataclasses.dataclass
@@ -169,6 +172,8 @@ class _Running:
     started: float
     deadline: float
     isolated: bool = False
+    # The worker serves further combos after this one (`worker.serve`); its inbox.
+    inbox: Path | None = None
 
     @property
     def result_path(self) -> Path:
@@ -183,6 +188,13 @@ class _Running:
             return json.loads(self.status_path.read_text())
         except (OSError, ValueError):
             return {}
+
+
+@dataclasses.dataclass
+class _Idle:
+    """A warm worker between combos (`worker.serve`), waiting on its inbox."""
+    proc: subprocess.Popen[bytes]
+    inbox: Path
 
 
 class Sweep:
@@ -206,6 +218,8 @@ class Sweep:
         self.spec_ref = spec_ref
         self.opt = options
         self.console = console
+        # Warm workers between combos, by GPU slot (`_start`, `_reap`).
+        self._idle: dict[int | None, _Idle] = {}
 
     # --- environment and bundle -------------------------------------------------------
 
@@ -309,12 +323,26 @@ class Sweep:
     def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
                warm_start: list[dict[str, Any]] | None = None, isolated: bool = False) -> _Running:
         tag = "-isolated" if isolated else ""
-        workdir = tmp / f"combo-{index:04d}{tag}"
-        workdir.mkdir()
+        workdir = _new_dir(tmp / f"combo-{index:04d}{tag}")
         job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
                "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
                "spawned_at": time.time()}  # the worker's "start" phase counts from here
         (workdir / "job.json").write_text(json.dumps(job))
+        log_path = log_dir / f"{index:04d}-{combo.kernel}{tag}.log"
+        # A warm worker for the slot takes the combo (an isolated retry, or --fresh-workers, gets
+        # a one-shot worker of its own); else a new one is started, to serve this slot after it.
+        warm = not isolated and not self.opt.fresh_workers
+        if not warm:  # the slot's warm worker gives its GPU memory to the one-shot one
+            self._stop_idle(slot)
+        idle = self._idle.pop(slot, None)
+        if idle is not None and idle.proc.poll() is None:
+            log_path.write_bytes(b"")
+            self._hand_off(idle.inbox, workdir, log_path)
+            now = time.monotonic()
+            return _Running(combo, index, slot, idle.proc, workdir, log_path, now, now + self._timeout(),
+                            isolated, idle.inbox)
+        if idle is not None:  # it died while idle: reaped here, replaced below
+            idle.proc.wait()
         child_env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         child_env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [child_env.get("PYTHONPATH")])])
@@ -325,16 +353,41 @@ class Sweep:
             child_env["CUDA_VISIBLE_DEVICES"] = str(slot)
         if isolated:
             child_env[ISOLATED_ENV[0]] = ISOLATED_ENV[1]
-        log_path = log_dir / f"{index:04d}-{combo.kernel}{tag}.log"
+        inbox = None
+        if warm:
+            inbox = _new_dir(tmp / f"worker-{index:04d}")
+            self._hand_off(inbox, workdir, log_path)
+            args = ["--serve", str(inbox)]
+        else:
+            args = [str(workdir / "job.json"), str(workdir / "result.json"), str(workdir / "status.json")]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune_cli.worker", str(workdir / "job.json"),
-                 str(workdir / "result.json"), str(workdir / "status.json")],
+                [sys.executable, "-m", "autotune_cli.worker", *args],
                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         now = time.monotonic()
-        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated)
+        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated, inbox)
+
+    @staticmethod
+    def _hand_off(inbox: Path, workdir: Path, log_path: Path) -> None:
+        """Give a serving worker its next combo: the hand-off file, renamed in whole."""
+        paths = {"job": str(workdir / "job.json"), "result": str(workdir / "result.json"),
+                 "status": str(workdir / "status.json"), "log": str(log_path)}
+        tmp = inbox / f"{INBOX_JOB}.tmp"
+        tmp.write_text(json.dumps(paths))
+        os.replace(tmp, inbox / INBOX_JOB)
+
+    def _stop_idle(self, *slots: int | None) -> None:
+        """Kill the warm workers that wait for a combo: those of `slots`, or all (at the
+        sweep's end, or when it stops)."""
+        for slot in (slots or list(self._idle)):
+            idle = self._idle.pop(slot, None)
+            if idle is None:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(idle.proc.pid, signal.SIGKILL)
+            idle.proc.wait()
 
     @staticmethod
     def _kill(run: _Running, dump_stacks: bool = False) -> None:
@@ -437,19 +490,21 @@ class Sweep:
                     now = time.monotonic()
                     for run, timed_out in self._reap(running, free, now):
                         result = None if timed_out else self._result(run)
-                        if self._retry_isolated(run, result, queue):
+                        if self._retry_isolated(run, result, queue) or self._requeue_unclaimed(run, result, queue):
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
                         writer.save(entry, failure, kprov)
-                        took = progress.combo_done(run, entry, failure, now, worker_phases(result, time.time()))
+                        took = progress.combo_done(run, entry, failure, now, worker_phases(result, time.time(), run.inbox is not None))
                         results.append(ComboResult(run.combo, entry, failure, took))
                     progress.show(status, running, now)
+                self._stop_idle()
             except BaseException as e:
                 # Ctrl-C, SIGTERM/SIGHUP, or an error such as a full disk while writing the
                 # bundle: no worker outlives the sweep, and the temp folder is removed after
                 # they are gone.
                 for run in running:
                     self._kill(run)
+                self._stop_idle()
                 if not isinstance(e, (KeyboardInterrupt, SweepTerminated)):
                     raise
                 what = "interrupted"
@@ -491,16 +546,32 @@ class Sweep:
         return out
 
     def _reap(self, running: list[_Running], free: list[int | None], now: float) -> Iterator[tuple[_Running, bool]]:
-        """The workers that ended, or ran past their deadline (killed): (run, timed_out), slots freed."""
+        """The combos that ended (their worker wrote its result or exited), or ran past their
+        deadline (worker killed): (run, timed_out), slots freed. A warm worker that wrote its
+        result and is alive waits, idle, for its slot's next combo."""
         for run in list(running):
-            timed_out = run.proc.poll() is None and now > run.deadline
-            if run.proc.poll() is None and not timed_out:
+            alive = run.proc.poll() is None
+            served = run.inbox is not None and run.result_path.exists()  # written whole (renamed in)
+            timed_out = alive and not served and now > run.deadline
+            if alive and not served and not timed_out:
                 continue
             if timed_out:
                 self._kill(run, dump_stacks=True)
+            elif served and alive and run.inbox is not None and not (self._result(run) or {}).get("context_lost"):
+                self._idle[run.slot] = _Idle(run.proc, run.inbox)
             running.remove(run)
             free.append(run.slot)
             yield run, timed_out
+
+    @staticmethod
+    def _requeue_unclaimed(run: _Running, result: dict[str, Any] | None,
+                           queue: list[tuple[int, Combo, bool]]) -> bool:
+        """A warm worker that died between combos, before taking this one: queue it again,
+        first, for a new worker (nothing of it ran)."""
+        if result is not None or run.inbox is None or not (run.inbox / INBOX_JOB).exists():
+            return False
+        queue.insert(0, (run.index, run.combo, run.isolated))
+        return True
 
     def _retry_isolated(self, run: _Running, result: dict[str, Any] | None,
                         queue: list[tuple[int, Combo, bool]]) -> bool:
@@ -715,15 +786,27 @@ class _Progress:
             self.last_note = now
 
 
-def worker_phases(result: dict[str, Any] | None, reaped_at: float) -> dict[str, float] | None:
-    """Where a finished worker's time went, in order: its start (spawn to imports done), its
-    tune's phases, and its exit (result written to process reaped, wall clock; the sweep
-    polls every 0.5 s). None when the worker reported no phases (a crash or an error)."""
+def _new_dir(path: Path) -> Path:
+    """Make `path`, or `path-2`, `path-3`, ... if taken (a combo queued again)."""
+    n = 1
+    while True:
+        try:
+            (candidate := path if n == 1 else path.with_name(f"{path.name}-{n}")).mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+
+
+def worker_phases(result: dict[str, Any] | None, reaped_at: float, warm: bool) -> dict[str, float] | None:
+    """Where a combo's time went, in order: the worker's start (spawn, or a warm worker's
+    hand-off, to its imports done), the tune's phases, and from the result written to the sweep
+    seeing it (wall clock; the sweep polls every 0.5 s): a one-shot worker's `exit`, a warm
+    one's `wait`. None when the worker reported no phases (a crash or an error)."""
     phases = (result or {}).get("phases")
     if not phases:
         return None
     written = result.get("written_at") if result else None
-    tail = {"exit": max(0.0, reaped_at - written)} if isinstance(written, (int, float)) else {}
+    tail = {"wait" if warm else "exit": max(0.0, reaped_at - written)} if isinstance(written, (int, float)) else {}
     return {**phases, **tail}
 
 

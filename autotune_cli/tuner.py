@@ -181,6 +181,7 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     from helion.autotuner.effort_profile import get_effort_profile
 
     settings = bound.settings
+    restore_compile_timeout(settings)
     if tk.default_config is not None:
         # Helion checks every candidate's outputs against a baseline, which it otherwise
         # gets by compiling its own default config in this process, with no time limit.
@@ -203,6 +204,19 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     best = search.autotune(skip_cache=True)
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
+
+
+# Each kernel's settings object -> the compile timeout it had before its first search here.
+_FIRST_COMPILE_TIMEOUT: dict[int, Any] = {}
+
+
+def restore_compile_timeout(settings: Any) -> None:
+    """Start a search from the compile timeout the process began with. A bound kernel's settings
+    are its kernel's, shared by every shape, and Helion's adaptive timeout lowers them during a
+    search (to at most 30 s at quick effort): in a warm worker the next search of the same
+    kernel would start from that, where a fresh worker starts from Helion's default (60 s)."""
+    settings.autotune_compile_timeout = _FIRST_COMPILE_TIMEOUT.setdefault(id(settings),
+                                                                          settings.autotune_compile_timeout)
 
 
 def _search_default(search: Any, default: Any) -> None:

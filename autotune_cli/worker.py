@@ -1,11 +1,17 @@
-"""Worker process: tune one combo and write the outcome as JSON.
+"""Worker process: tune one combo, or a series of them, and write each outcome as JSON.
 
     python -m autotune_cli.worker JOB.json RESULT.json [STATUS.json]
+    python -m autotune_cli.worker --serve INBOX
 
-The sweep starts one worker per combo, pinned to one GPU with CUDA_VISIBLE_DEVICES.
-Exit code 0 with a result file (entry or failure); anything else is a crash the parent
-records as a failure. A result with `context_lost` says a config broke the CUDA context
-mid-search; the sweep may retry the combo in a fresh worker (see sweep.isolated_retry).
+The first form tunes one combo and exits (Slurm tasks, and the sweep's `--fresh-workers`).
+In the second the worker stays warm: it waits for INBOX/job (JSON: the job, result, status
+and log paths), tunes it with its output in that log, writes the result, and waits for the
+next, so torch, helion and the kernels are imported once per GPU, not once per combo. The
+sweep keeps one per GPU, pinned with CUDA_VISIBLE_DEVICES. A result file (entry or failure)
+is the outcome; a worker that dies without one is a crash the parent records as a failure.
+A result with `context_lost` says a config broke the CUDA context mid-search: the worker
+exits after writing it, and the sweep may retry the combo in a fresh worker (see
+sweep.isolated_retry).
 """
 
 from __future__ import annotations
@@ -52,30 +58,30 @@ def install_stack_dump() -> None:
     faulthandler.register(STACKS_SIGNAL, file=log, all_threads=True)
 
 
-def main(argv: list[str]) -> int:
-    install_stack_dump()
-    job_path, result_path = argv[0], argv[1]
-    status_path = argv[2] if len(argv) > 2 else None
+def run_job(job_path: str, result_path: str, status_path: str | None) -> dict[str, object]:
+    """Tune the job's combo and write its result file (atomically); returns the result."""
     with open(job_path) as f:
         job = json.load(f)
     from autotune_cli.spec import Budget, Tolerance
     from autotune_cli.tuner import ContextLost, TuneFailure, tune
 
-    # The process's start (interpreter, torch, helion and the kernels imported): what a worker
-    # kept warm between combos would save.
+    # Spawn (or, for a warm worker, hand-off) to here: the interpreter, torch, helion and the
+    # kernels imported in a new worker; next to nothing in a warm one.
     start = start_seconds(job)
+    result: dict[str, object]
     try:
         outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
                        Tolerance.model_validate(job["tolerance"]), status_path=status_path,
                        warm_start=job.get("warm_start"))
+        phases = {**start, **dict(outcome.phases)}
         result = {
             "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),
             "failure": None if outcome.failure is None else outcome.failure.model_dump(mode="json"),
             "kernel": outcome.kernel.model_dump(mode="json"),
-            "phases": {**start, **dict(outcome.phases)},
+            "phases": phases,
         }
         # Into the combo's log too, where the sweep keeps one (--log-dir).
-        print(f"phases: {format_phases(result['phases'])}", file=sys.stderr, flush=True)
+        print(f"phases: {format_phases(phases)}", file=sys.stderr, flush=True)
     except ContextLost as e:
         result = {"error": str(e), "context_lost": True}
     except TuneFailure as e:
@@ -84,12 +90,75 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result = {"error": f"{type(e).__name__}: {e}"}
     tmp = f"{result_path}.tmp"
-    # When the result was written: the parent times the worker's exit from it.
+    # When the result was written: the parent times what follows (the worker's exit) from it.
     result["written_at"] = time.time()
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, result_path)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--serve"]:
+        if len(argv) != 2:
+            print("usage: python -m autotune_cli.worker --serve INBOX", file=sys.stderr)
+            return 2
+        return serve(argv[1])
+    install_stack_dump()
+    run_job(argv[0], argv[1], argv[2] if len(argv) > 2 else None)
     return 0
+
+
+# A warm worker's hand-off file in its inbox, and how often it looks for one.
+INBOX_JOB = "job"
+POLL_S = 0.1
+
+
+def serve(inbox: str) -> int:
+    """Tune the jobs handed to INBOX one after another (see the module docstring); returns
+    (exits) after a job whose result says the CUDA context is lost, or when its parent, the
+    sweep, is gone (it kills its workers; on Linux the kernel does too if the sweep dies)."""
+    parent = os.getppid()
+    handoff = os.path.join(inbox, INBOX_JOB)
+    while True:
+        try:
+            with open(handoff) as f:
+                paths = json.load(f)
+        except (OSError, ValueError):  # none yet, or not written whole (the sweep renames it in)
+            if os.getppid() != parent:
+                return 0
+            time.sleep(POLL_S)
+            continue
+        os.unlink(handoff)
+        _log_to(paths["log"])
+        result = run_job(paths["job"], paths["result"], paths.get("status"))
+        if result.get("context_lost"):
+            return 0
+        _release_gpu_memory()
+
+
+def _release_gpu_memory() -> None:
+    """Give the GPU memory torch cached for the last combo back while the worker waits."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _log_to(path: str) -> None:
+    """Point fds 1 and 2 (Python's prints, Helion's logs, C-level output) and the stack dump
+    at this job's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if STACKS_SIGNAL is not None:
+        log = os.fdopen(os.dup(2), "w")
+        faulthandler.register(STACKS_SIGNAL, file=log, all_threads=True)
+        for old in _stacks_to:
+            old.close()  # type: ignore[attr-defined]
+        _stacks_to[:] = [log]
 
 
 if __name__ == "__main__":

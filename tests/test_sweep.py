@@ -72,6 +72,26 @@ def small_spec(tmp_path: Path) -> Path:
     return p
 
 
+def combo_starts(stderr: str, after: str) -> list[float]:
+    """Each finished combo's start phase, in order, from a sweep's lines (`after`: the phase
+    that follows the tune's: wait for a warm worker, exit for a one-shot one)."""
+    flat = " ".join(stderr.split())
+    return [float(s) for s in re.findall(
+        r"\(start ([\d.]+)s, setup [\d.]+s, search [\d.]+s, check [\d.]+s, timing [\d.]+s, "
+        rf"baseline [\d.]+s, {after} [\d.]+s, rest [\d.]+s\)", flat)]
+
+
+def test_fresh_workers_start_a_process_per_combo(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(sweep_cmd(out, "--fresh-workers", "--origin", "tp=2 batch=1 seqlen=40"), env=env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    spent = combo_starts(r.stderr, "exit")
+    # Each of the two combos' workers imported torch and helion itself.
+    assert len(spent) == 2 and all(s > 0.5 for s in spent), r.stderr[-3000:]
+    assert len(load_bundle(out / "cpu" / "tiny.json").entries) == 2
+
+
 def test_resume_after_kill(tmp_path):
     out = tmp_path / "out"
     spec = small_spec(tmp_path)
@@ -97,13 +117,11 @@ def test_resume_after_kill(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"4 combos, {done} already in" in r.stderr
     # Each combo's line says where its time went: the worker's start (its imports), the tune's
-    # phases, the worker's exit, then the rest; its log has the start and the phases too.
-    flat = " ".join(r.stderr.split())
-    spent = re.findall(r"\(start ([\d.]+)s, setup [\d.]+s, search [\d.]+s, check [\d.]+s, timing [\d.]+s, "
-                       r"baseline [\d.]+s, exit [\d.]+s, rest [\d.]+s\)", flat)
-    assert len(spent) == 4 - done, flat[-3000:]
-    # A worker imports torch and helion before it tunes: its start is not nothing.
-    assert all(float(s) > 0.5 for s in spent), spent
+    # phases, the wait for the sweep to see the result, then the rest; its log has the start
+    # and the phases too. One worker, kept warm, tuned them all: only the first paid the imports.
+    spent = combo_starts(r.stderr, "wait")
+    assert len(spent) == 4 - done, r.stderr[-3000:]
+    assert spent[0] > 0.5 and all(s < spent[0] / 2 for s in spent[1:]), spent
     logs = sorted((out / "logs").rglob("*.log"))
     assert sum("phases: start " in p.read_text() for p in logs) >= 4 - done, [p.name for p in logs]
     assert sweep_dirs(tmpdir) == [live.name]
@@ -272,3 +290,26 @@ def test_a_failed_re_tune_after_a_kernel_change_leaves_no_stale_entry_for_fresh(
     writer.save(second.model_copy(update={"tuned_at": "2026-12-02T00:00:01+00:00"}), None, new)
     writer.save(first, None, new)
     assert set(load_bundle(path).entries) == {first.key, second.key}
+
+
+def test_a_combo_no_warm_worker_took_is_queued_again(tmp_path):
+    # A warm worker that dies after the hand-off file was renamed into its inbox and before it
+    # took it: the combo ran nowhere, so it goes back to the front of the queue for a new
+    # worker; once taken (the file gone) or with a result, it is the worker's to account for.
+    from autotune_cli.sweep import Sweep, _Running
+    from autotune_cli.worker import INBOX_JOB
+
+    inbox = tmp_path / "worker-0001"
+    inbox.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    run = _Running("combo", 7, None, proc, tmp_path / "combo-0007", tmp_path / "0007.log", 0.0, 1.0,  # type: ignore[arg-type]
+                   inbox=inbox)
+    queue: list = [(8, "next", False)]
+    assert not Sweep._requeue_unclaimed(run, None, queue)  # taken: no hand-off file left
+    (inbox / INBOX_JOB).write_text("{}")
+    assert not Sweep._requeue_unclaimed(run, {"error": "x"}, queue)  # it wrote a result
+    assert Sweep._requeue_unclaimed(run, None, queue)
+    assert queue == [(7, "combo", False), (8, "next", False)]
+    one_shot = _Running("combo", 9, None, proc, tmp_path / "c9", tmp_path / "9.log", 0.0, 1.0)  # type: ignore[arg-type]
+    assert not Sweep._requeue_unclaimed(one_shot, None, queue)

@@ -42,3 +42,20 @@ def test_a_seed_from_another_version_of_the_kernel_is_dropped(capsys):
     assert fitting_seeds([stale, fits], default) == [fits]
     assert "indexing of another length" in capsys.readouterr().err
     assert fitting_seeds([fits], default) == [fits]
+
+
+def test_each_search_starts_from_the_compile_timeout_the_process_began_with():
+    # A kernel's settings are shared by all its bound shapes, and Helion's adaptive timeout
+    # lowers them in a search: a warm worker's next search must not inherit that.
+    from autotune_cli.tuner import restore_compile_timeout
+
+    settings = GATED_NORM_BWD.kernel.settings
+    began = settings.autotune_compile_timeout
+    try:
+        restore_compile_timeout(settings)
+        assert settings.autotune_compile_timeout == began
+        settings.autotune_compile_timeout = 7  # what an adaptive timeout leaves behind
+        restore_compile_timeout(settings)
+        assert settings.autotune_compile_timeout == began
+    finally:
+        settings.autotune_compile_timeout = began

@@ -101,6 +101,9 @@ WarmOpt = Annotated[list[Path] | None, typer.Option(
     help="Also start each search from the configs that this bundle (tuned on the same GPU SKU) holds for the "
          "same key or the nearest shapes of the same kernel (repeatable); the bundle being written always counts.")]
 LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
+FreshOpt = Annotated[bool, typer.Option(
+    "--fresh-workers", help="local: a new worker process per combo, instead of one per GPU kept warm between combos "
+                            "(which imports torch, helion and the kernels once).")]
 
 
 class Executor(str, enum.Enum):
@@ -184,6 +187,7 @@ def sweep_command(
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
     warm_start: WarmOpt = None,
+    fresh_workers: FreshOpt = False,
     executor: ExecutorOpt = Executor.local,
     slurm_partition: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the partition to submit to.")] = None,
     slurm_account: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the account to charge.")] = None,
@@ -238,7 +242,7 @@ def sweep_command(
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
                              timeout_s=timeout, partial=bool(kernel or origin or from_record),
-                             warm_start=tuple(warm_start or ())),
+                             warm_start=tuple(warm_start or ()), fresh_workers=fresh_workers),
         console=err,
     )
     if executor == Executor.slurm:
