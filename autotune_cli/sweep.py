@@ -547,8 +547,8 @@ class Sweep:
 
     def _reap(self, running: list[_Running], free: list[int | None], now: float) -> Iterator[tuple[_Running, bool]]:
         """The combos that ended (their worker wrote its result or exited), or ran past their
-        deadline (worker killed): (run, timed_out), slots freed. A warm worker that wrote its
-        result and is alive waits, idle, for its slot's next combo."""
+        deadline (worker killed): (run, timed_out), slots freed. A warm worker that wrote an
+        entry and is alive waits, idle, for its slot's next combo."""
         for run in list(running):
             alive = run.proc.poll() is None
             served = run.inbox is not None and run.result_path.exists()  # written whole (renamed in)
@@ -557,8 +557,11 @@ class Sweep:
                 continue
             if timed_out:
                 self._kill(run, dump_stacks=True)
-            elif served and alive and run.inbox is not None and not (self._result(run) or {}).get("context_lost"):
+            elif served and alive and run.inbox is not None and (self._result(run) or {}).get("entry") is not None:
                 self._idle[run.slot] = _Idle(run.proc, run.inbox)
+            elif served and alive:
+                # No entry: the worker is on its way out (`worker.serve`); its result is written.
+                self._kill(run)
             running.remove(run)
             free.append(run.slot)
             yield run, timed_out

@@ -9,8 +9,9 @@ and log paths), tunes it with its output in that log, writes the result, and wai
 next, so torch, helion and the kernels are imported once per GPU, not once per combo. The
 sweep keeps one per GPU, pinned with CUDA_VISIBLE_DEVICES. A result file (entry or failure)
 is the outcome; a worker that dies without one is a crash the parent records as a failure.
-A result with `context_lost` says a config broke the CUDA context mid-search: the worker
-exits after writing it, and the sweep may retry the combo in a fresh worker (see
+A warm worker exits after a combo that produced no entry, so that whatever state a failure
+left does not reach the next combo. A result with `context_lost` says a config broke the
+CUDA context mid-search; the sweep may retry that combo in a fresh worker (see
 sweep.isolated_retry).
 """
 
@@ -116,8 +117,8 @@ POLL_S = 0.1
 
 def serve(inbox: str) -> int:
     """Tune the jobs handed to INBOX one after another (see the module docstring); returns
-    (exits) after a job whose result says the CUDA context is lost, or when its parent, the
-    sweep, is gone (it kills its workers; on Linux the kernel does too if the sweep dies)."""
+    (exits) after a job that produced no entry (a failure or an error), or when its parent,
+    the sweep, is gone (it kills its workers; on Linux the kernel does too if the sweep dies)."""
     parent = os.getppid()
     handoff = os.path.join(inbox, INBOX_JOB)
     while True:
@@ -132,7 +133,9 @@ def serve(inbox: str) -> int:
         os.unlink(handoff)
         _log_to(paths["log"])
         result = run_job(paths["job"], paths["result"], paths.get("status"))
-        if result.get("context_lost"):
+        if result.get("entry") is None:
+            # A failure or an error may have left CUDA or Helion in a bad state (a lost
+            # context, a sticky launch error): the next combo gets a new worker.
             return 0
         _release_gpu_memory()
 

@@ -56,3 +56,56 @@ def test_the_signal_is_not_one_llvm_takes():
     if STACKS_SIGNAL is None:
         pytest.skip("no real-time signals on this platform")
     assert signal.SIGRTMIN <= STACKS_SIGNAL <= signal.SIGRTMAX
+
+
+def _hand_off(inbox: Path, tmp: Path, name: str, kernel: str, dims: dict[str, int]) -> Path:
+    import json
+
+    from autotune_cli.spec import Budget, Tolerance
+
+    job = {"kernel": kernel, "dims": dims, "dtype": "bf16", "warm_start": None, "spawned_at": time.time(),
+           "budget": Budget(effort="none").model_dump(), "tolerance": Tolerance(atol=0.01, factor=2.0).model_dump()}
+    (tmp / f"{name}.json").write_text(json.dumps(job))
+    paths = {"job": str(tmp / f"{name}.json"), "result": str(tmp / f"{name}.result.json"),
+             "status": str(tmp / f"{name}.status.json"), "log": str(tmp / f"{name}.log")}
+    (inbox / "job.tmp").write_text(json.dumps(paths))
+    os.replace(inbox / "job.tmp", inbox / "job")
+    return tmp / f"{name}.result.json"
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 300) -> dict:
+    import json
+
+    end = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, f"worker exited ({proc.returncode}) before writing {path.name}"
+        assert time.monotonic() < end, f"no {path.name} after {seconds} s"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def test_a_warm_worker_serves_combos_in_turn_and_leaves_after_one_without_entry(tmp_path):
+    """`worker --serve`: each combo's output goes to its own log, the worker stays for the next
+    combo after an entry, and exits after a combo that produced none (its state is suspect)."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    env = {**os.environ, "HELION_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([sys.executable, "-m", "autotune_cli.worker", "--serve", str(inbox)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        dims = {"rows": 64, "d": 64, "group_size": 32, "has_z": 1, "norm_before_gate": 0, "has_bias": 0,
+                "is_rms": 1, "weight_fp32": 1}
+        first = _wait_for(_hand_off(inbox, tmp_path, "a", "gated_norm_fwd", dims), proc)
+        assert first["entry"] is not None and first["phases"]["start"] > 0.5  # imports paid here
+        second = _wait_for(_hand_off(inbox, tmp_path, "b", "gated_norm_bwd", dims), proc)
+        assert second["entry"] is not None and second["phases"]["start"] < first["phases"]["start"] / 2
+        assert "phases: start" in (tmp_path / "a.log").read_text()
+        assert "phases: start" in (tmp_path / "b.log").read_text()
+        third = _wait_for(_hand_off(inbox, tmp_path, "c", "no_such_kernel", dims), proc)
+        assert third.get("entry") is None and "no_such_kernel" in third["error"], third
+        assert proc.wait(timeout=60) == 0  # it left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
