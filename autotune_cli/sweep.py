@@ -383,11 +383,8 @@ class Sweep:
         sweep's end, or when it stops)."""
         for slot in (slots or list(self._idle)):
             idle = self._idle.pop(slot, None)
-            if idle is None:
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(idle.proc.pid, signal.SIGKILL)
-            idle.proc.wait()
+            if idle is not None:
+                _kill_group(idle.proc)
 
     @staticmethod
     def _kill(run: _Running, dump_stacks: bool = False) -> None:
@@ -396,9 +393,7 @@ class Sweep:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 run.proc.send_signal(STACKS_SIGNAL)
             time.sleep(1.0)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(run.proc.pid, signal.SIGKILL)
-        run.proc.wait()
+        _kill_group(run.proc)
 
     @staticmethod
     def _result(run: _Running) -> dict[str, Any] | None:
@@ -488,8 +483,7 @@ class Sweep:
                     time.sleep(0.5)
                     _raise_if_stopped()
                     now = time.monotonic()
-                    for run, timed_out in self._reap(running, free, now):
-                        result = None if timed_out else self._result(run)
+                    for run, timed_out, result in self._reap(running, free, now):
                         if self._retry_isolated(run, result, queue) or self._requeue_unclaimed(run, result, queue):
                             continue
                         entry, failure, kprov = self._collect(run, timed_out, result)
@@ -545,26 +539,28 @@ class Sweep:
             out.append(bundle)
         return out
 
-    def _reap(self, running: list[_Running], free: list[int | None], now: float) -> Iterator[tuple[_Running, bool]]:
+    def _reap(self, running: list[_Running], free: list[int | None], now: float
+              ) -> Iterator[tuple[_Running, bool, dict[str, Any] | None]]:
         """The combos that ended (their worker wrote its result or exited), or ran past their
-        deadline (worker killed): (run, timed_out), slots freed. A warm worker that wrote an
-        entry and is alive waits, idle, for its slot's next combo."""
+        deadline (worker killed): (run, timed_out, its result file or None), slots freed. A warm
+        worker that wrote an entry and is alive waits, idle, for its slot's next combo."""
         for run in list(running):
             alive = run.proc.poll() is None
             served = run.inbox is not None and run.result_path.exists()  # written whole (renamed in)
             timed_out = alive and not served and now > run.deadline
             if alive and not served and not timed_out:
                 continue
+            result = None if timed_out else self._result(run)
             if timed_out:
                 self._kill(run, dump_stacks=True)
-            elif served and alive and run.inbox is not None and (self._result(run) or {}).get("entry") is not None:
+            elif served and alive and run.inbox is not None and (result or {}).get("entry") is not None:
                 self._idle[run.slot] = _Idle(run.proc, run.inbox)
             elif served and alive:
                 # No entry: the worker is on its way out (`worker.serve`); its result is written.
                 self._kill(run)
             running.remove(run)
             free.append(run.slot)
-            yield run, timed_out
+            yield run, timed_out, result
 
     @staticmethod
     def _requeue_unclaimed(run: _Running, result: dict[str, Any] | None,
@@ -789,6 +785,13 @@ class _Progress:
             self.last_note = now
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a worker and its children (its own session's process group), then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def _new_dir(path: Path) -> Path:
     """Make `path`, or `path-2`, `path-3`, ... if taken (a combo queued again)."""
     n = 1
@@ -805,10 +808,9 @@ def worker_phases(result: dict[str, Any] | None, reaped_at: float, warm: bool) -
     hand-off, to its imports done), the tune's phases, and from the result written to the sweep
     seeing it (wall clock; the sweep polls every 0.5 s): a one-shot worker's `exit`, a warm
     one's `wait`. None when the worker reported no phases (a crash or an error)."""
-    phases = (result or {}).get("phases")
-    if not phases:
+    if not result or not result.get("phases"):
         return None
-    written = result.get("written_at") if result else None
+    phases, written = result["phases"], result.get("written_at")
     tail = {"wait" if warm else "exit": max(0.0, reaped_at - written)} if isinstance(written, (int, float)) else {}
     return {**phases, **tail}
 

@@ -51,12 +51,15 @@ def format_phases(phases: dict[str, float]) -> str:
 def install_stack_dump() -> None:
     """On STACKS_SIGNAL, write every thread's stack to the log: fd 2 as it is now, through a
     descriptor of its own, since Helion points fd 2 at a temporary file while it compiles
-    and runs configs (autotuner.logger.capture_output), which is when searches hang."""
-    if STACKS_SIGNAL is None or _stacks_to:
+    and runs configs (autotuner.logger.capture_output), which is when searches hang. Called
+    again (a warm worker's next combo), it moves the dump to fd 2's new log."""
+    if STACKS_SIGNAL is None:
         return
     log = os.fdopen(os.dup(2), "w")
-    _stacks_to.append(log)
     faulthandler.register(STACKS_SIGNAL, file=log, all_threads=True)
+    for old in _stacks_to:
+        old.close()  # type: ignore[attr-defined]
+    _stacks_to[:] = [log]
 
 
 def run_job(job_path: str, result_path: str, status_path: str | None) -> dict[str, object]:
@@ -156,12 +159,7 @@ def _log_to(path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    if STACKS_SIGNAL is not None:
-        log = os.fdopen(os.dup(2), "w")
-        faulthandler.register(STACKS_SIGNAL, file=log, all_threads=True)
-        for old in _stacks_to:
-            old.close()  # type: ignore[attr-defined]
-        _stacks_to[:] = [log]
+    install_stack_dump()
 
 
 if __name__ == "__main__":
