@@ -153,8 +153,17 @@ def config_spec(tk: TunableKernel, dims: dict[str, int], dtype: str) -> Any:
     key = (tk.name, tuple(sorted(dims.items())), dtype)
     spec = _CONFIG_SPECS.get(key)
     if spec is None:
+        import helion
+
         with compiled_mode(tk.kernel):
-            spec = tk.kernel.bind(meta_args(tk, dims, dtype)).config_spec
+            try:
+                spec = tk.kernel.bind(meta_args(tk, dims, dtype)).config_spec
+            except helion.exc.InductorLoweringError:
+                # On the H200 host (torch 2.11) binding meta tensors fails in every kernel with a
+                # reduction over a tile (Inductor asserts on the meta layout; measured 2026-12-02,
+                # where the sweep then re-tuned six sound entries): bind CPU tensors of the
+                # same layout instead (shape_args: no data, an uninitialized storage each).
+                spec = tk.kernel.bind(shape_args(tk, dims, dtype)).config_spec
         _CONFIG_SPECS[key] = spec
     return spec
 

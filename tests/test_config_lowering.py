@@ -145,3 +145,29 @@ def test_check_seeds_reports_seeds_helion_would_drop(clean_env):
     assert len(problems) == 2, r.stdout
     assert "[7, 1, 4]" in problems[0] and "rejected" in problems[0]
     assert "changed by Helion in ['indexing']" in problems[1]
+
+
+def test_the_config_check_binds_cpu_tensors_where_meta_tensors_fail(monkeypatch):
+    # On the H200 host (torch 2.11) binding meta tensors raised Helion's InductorLoweringError in
+    # every kernel with a reduction over a tile (2026-12-02), so the sweep's check of a bundle's
+    # configs called six sound entries rejected and re-tuned them. The check then binds CPU
+    # tensors of the same layout; the configs it accepts and rejects are the same.
+    import helion
+
+    from autotune_cli import lowering
+    from autotune_cli.tuning import get
+
+    tk = get("gated_norm_bwd")
+    dims = dict(rows=64, d=256, group_size=128, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
+    want = lowering.config_spec(tk, dims, "bf16").structural_fingerprint_hash()
+
+    def meta_fails(*_args: object) -> None:
+        raise helion.exc.InductorLoweringError("AssertionError: target: aten.sum.dim_IntList (meta layout)")
+
+    monkeypatch.setattr(lowering, "meta_args", meta_fails)
+    monkeypatch.setattr(lowering, "_CONFIG_SPECS", {})
+    spec = lowering.config_spec(tk, dims, "bf16")
+    assert spec.structural_fingerprint_hash() == want
+    spec.normalize(spec.default_config())  # accepted as before
+    with pytest.raises(Exception, match="block_sizes"):
+        spec.normalize(helion.Config(block_sizes=[1, 2, 3, 4, 5]))
