@@ -141,9 +141,31 @@ def _state_passing(shape: ModelShape) -> dict[str, int]:
     return dims
 
 
-def _chunk_state_passing_bwd(shape: ModelShape) -> dict[str, int]:
-    # has_dfinal: the training call returns no final states, so none come back with a gradient.
+def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
+    """Whether the backward runs B2 + B3 split (F2's kernel, then `ssd_state_passing_bwd`'s
+    walk) rather than in one walk (`ssd_chunk_state_passing_bwd`) at this shape:
+    mamba_tune.ssd.combined.split_state_passing_bwd (its measurements), mirrored (this module
+    imports no kernels; tests/ssd/test_state_passing_bwd.py checks the two agree)."""
+    return batch * nheads < 64 or chunk_size >= 256
+
+
+def state_passing_bwd_dims(shape: ModelShape) -> dict[str, int]:
+    """B2 + B3's dims at this layer, whichever path runs it. has_dfinal: the training call
+    returns no final states, so none come back with a gradient."""
     return {**pick(mixer_dims(shape), CHUNK_STATE_PASSING_BWD_DIMS[:-1]), "has_dfinal": 0}
+
+
+def _chunk_state_passing_bwd(shape: ModelShape) -> dict[str, int] | None:
+    return None if split_state_passing_bwd(shape.batch, shape.nheads, shape.chunk_size) else state_passing_bwd_dims(shape)
+
+
+def _state_passing_bwd(shape: ModelShape) -> dict[str, int] | None:
+    # The walk sees whole chunks: seqlen rounded up to a multiple of chunk_size, as F3.
+    if not split_state_passing_bwd(shape.batch, shape.nheads, shape.chunk_size):
+        return None
+    dims = pick(state_passing_bwd_dims(shape), STATE_PASSING_BWD_DIMS)
+    dims["seqlen"] = -(-shape.seqlen // shape.chunk_size) * shape.chunk_size
+    return dims
 
 
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
@@ -212,6 +234,7 @@ STATE_PASSING_DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_s
 CHUNK_SCAN_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
 # The backward's kernels.
 CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
+STATE_PASSING_BWD_DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_seq_idx", "has_dfinal")
 CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
 CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 CHUNK_CUMSUM_BWD_DIMS = (*CHUNK_CUMSUM_DIMS, "row_partials", "last_partials")
@@ -242,6 +265,8 @@ KEYS: tuple[KernelKey, ...] = (
     KernelKey("ssd_chunk_scan", "ssd", CHUNK_SCAN_DIMS, _chunk_scan, "mamba_tune.ssd.chunk_scan:chunk_scan_kernel"),
     KernelKey("ssd_chunk_state_passing_bwd", "ssd", CHUNK_STATE_PASSING_BWD_DIMS, _chunk_state_passing_bwd,
               "mamba_tune.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
+    KernelKey("ssd_state_passing_bwd", "ssd", STATE_PASSING_BWD_DIMS, _state_passing_bwd,
+              "mamba_tune.ssd.state_passing_bwd:state_passing_bwd_kernel"),
     KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
               _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
               "mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),

@@ -36,6 +36,7 @@ import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
 from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
+from autotune_cli.kernel_keys import state_passing_bwd_dims
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
@@ -130,9 +131,15 @@ def bwd_kernel_calls(shape: ModelShape, dtype: torch.dtype, device: torch.device
         if stage not in stages:
             continue
         tk = get(name)
-        dims = tk.dims_for(shape)
+        # B2 + B3 at the shape, on whichever path the backward takes there (one walk, or F2's
+        # kernel then `ssd_state_passing_bwd`'s walk: combined.state_passing_bwd_launch).
+        sp = stage == "bwd_state_passing"
+        dims = state_passing_bwd_dims(shape) if sp else tk.dims_for(shape)
         problem = tk.make_problem(dims, dtype, device, 0)
         base = tk.make_baseline(dims, dtype, device, 0) if tk.make_baseline and device.type == "cuda" else None
+        if sp:
+            out[stage] = (lambda args=problem.args: combined.state_passing_bwd_launch(*args[2:])), base
+            continue
         # With the dB/dC heads split into runs the host sums the kernel's fp32 partials: part of
         # the stage's work, as mamba-ssm's torch sums of its partials are part of its row.
         summed = name == "ssd_chunk_state_scan_bwd_dbdc"

@@ -11,7 +11,8 @@ The defaults below are what measured fastest (see their comments).
 The backward (`ssd_backward`, run by `mamba_chunk_scan_combined` through autograd) recomputes
 what the forward did not keep of F1, F2 + F3 and F4 (the forward keeps no output, and of the
 intermediates no more bytes than mamba-ssm keeps of its output: SAVE_INTERMEDIATES), then runs
-four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks),
+four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks; or F2's kernel then
+state_passing_bwd's elementwise walk, per shape: `split_state_passing_bwd`),
 chunk_scan_chunk_state_bwd_dx (B1 + B4 + B9: dx, dz, dD, per-position ddt/ddA sums),
 chunk_state_scan_bwd_dbdc (B5-B8: dB, dC) and chunk_cumsum_bwd (B10 and ddA's glue). Every
 reduction has a fixed order (no atomics), so gradients are bitwise reproducible.
@@ -40,6 +41,7 @@ from mamba_tune.ssd import (
     chunk_state_varlen,
     common,
     state_passing,
+    state_passing_bwd,
 )
 
 # F5 with C B^T recomputed in registers instead of F4 + F5. Off: on the H200 at Nemotron-3
@@ -59,6 +61,43 @@ FUSE_STATE_PASSING_DEFAULT = True
 # inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
 # variable is "1" (for debugging).
 UNSAFE_GPU_SEQ_IDX = "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX"
+
+
+# B2 + B3 (the state gradients) as one walk over the chunks with a dot per step
+# (`chunk_state_passing_bwd`) or as F2's kernel for every chunk's term then an elementwise walk
+# (`state_passing_bwd`): `split_state_passing_bwd` picks one per shape, this variable
+# ("fused" or "split") overrides it.
+SP_BWD_PATH = "MAMBA_TUNE_SSD_SP_BWD"
+
+
+def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
+    """Whether the backward runs B2 + B3 split (`state_passing_bwd`) at this shape: where the
+    one walk has few chains to run side by side (batch * nheads < 64) or long steps (each a
+    dot over chunk_size >= 256 positions). Measured on the H200 (2026-12-02, bf16, seqlen 8192,
+    batch 2; split / fused ms, each path on its entries or defaults): Falcon-H1-0.5B (24 heads)
+    0.168 / 0.199, Mamba2-2.7B (80 heads, chunk 256) 0.268 / 0.289, Zamba2-2.7B (80, chunk 256)
+    0.154 / 0.183; Nemotron-3 Nano TP2 (32 heads, a tie: the one walk, whose entries exist)
+    0.196 / 0.198, Nemotron-3 Nano TP1 (64 heads) 0.303 / 0.248, Nemotron-H 8B (128) 0.550 / 0.493, Nemotron-H 47B (256, dstate 256)
+    2.125 / 1.887. Mirrored by autotune_cli.kernel_keys (tests/ssd/test_state_passing_bwd.py
+    checks they agree)."""
+    return batch * nheads < 64 or chunk_size >= 256
+
+
+def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
+    path = os.environ.get(SP_BWD_PATH, "")
+    if path not in ("", "fused", "split"):
+        raise ValueError(f"{SP_BWD_PATH}={path!r}: expected 'fused', 'split' or unset (the shape's rule)")
+    return split_state_passing_bwd(batch, nheads, chunk_size) if not path else path == "split"
+
+
+def state_passing_bwd_launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum: torch.Tensor,
+                             prev_states: torch.Tensor, dfinal: torch.Tensor | None, seq_idx: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B2 + B3 on the path `split_state_passing_bwd` (or SP_BWD_PATH) picks: (dstates,
+    ddA_last partials, dinitial_states), as `chunk_state_passing_bwd._launch` returns them."""
+    batch, _, nheads, _ = dy.shape
+    path = state_passing_bwd if _sp_bwd_split(batch, nheads, dA_cumsum.shape[3]) else chunk_state_passing_bwd
+    return path._launch(dy, z, C, dA_cumsum, prev_states, dfinal, seq_idx)
 
 
 def _check(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
@@ -341,8 +380,7 @@ def ssd_backward(
     inter = intermediates or _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus,
                                         dt_limit)
     dA_cumsum, dt_out, prev_states, cb = inter.dA_cumsum, inter.dt_out, inter.prev_states, inter.cb
-    dstates, ddA_last, dinit = chunk_state_passing_bwd._launch(dy, z, Cx, dA_cumsum, prev_states, dfinal_states,
-                                                               seq_idx)
+    dstates, ddA_last, dinit = state_passing_bwd_launch(dy, z, Cx, dA_cumsum, prev_states, dfinal_states, seq_idx)
     dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,
                                                              dstates, D, seq_idx)
     # Without z the dx kernel leaves dout . y (rows[2]) and ddt~'s chunk term (in rows[0]) to it.

@@ -18,6 +18,7 @@ import mamba_tune
 from autotune_cli.app import app
 from autotune_cli.benchmarks import layer
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
+from mamba_tune.ssd import combined
 
 runner = CliRunner()
 needs_mamba_ssm = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
@@ -120,7 +121,10 @@ def test_what_the_patched_side_times_runs_mamba_tunes_kernels(module_bench, tmp_
     # The fused path runs our conv1d too; the unfused one calls the module's own conv1d on both sides.
     # The unfused path runs our conv1d where the patch filled mamba2's missing causal-conv1d (not installed).
     conv_ours = path == "mem_eff" or importlib.util.find_spec("causal_conv1d") is None
-    assert kernels == (SSD_NORM | FUSED if conv_ours else SSD_NORM)
+    # B2 + B3 on TINY's few heads: F2's kernel then the elementwise walk (combined.split_state_passing_bwd).
+    assert combined.split_state_passing_bwd(2, TINY.nheads // tp, TINY.chunk_size)
+    ssd_norm = SSD_NORM - {"ssd_chunk_state_passing_bwd"} | {"ssd_chunk_state", "ssd_state_passing_bwd"}
+    assert kernels == (ssd_norm | FUSED if conv_ours else ssd_norm)
     assert all(torch.equal(p, q) for p, q in zip(theirs.parameters(), ours.parameters(), strict=True))
     with module_bench.side(ours=False):
         assert not mamba_tune.is_patched()

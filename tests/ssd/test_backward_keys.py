@@ -23,8 +23,11 @@ BWD = ("ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_
        "ssd_chunk_cumsum_bwd")
 
 
+@pytest.mark.parametrize("sp_path", ["fused", "split"])
 @pytest.mark.parametrize("return_final_states", [False, True], ids=["out-only", "with-final-states"])
-def test_backward_keys_name_the_model_dtype_and_dfinal_only_when_used(ssd_ref_mode, tmp_path, return_final_states):
+def test_backward_keys_name_the_model_dtype_and_dfinal_only_when_used(ssd_ref_mode, tmp_path, monkeypatch,
+                                                                      return_final_states, sp_path):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", sp_path)
     dims = {"batch": 1, "seqlen": 40, "nheads": 2, "headdim": 16, "ngroups": 1, "dstate": 16, "chunk_size": 16,
             "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
     i = SSDInputs.make(dims, torch.bfloat16, "cpu", seed=0)
@@ -37,11 +40,14 @@ def test_backward_keys_name_the_model_dtype_and_dfinal_only_when_used(ssd_ref_mo
         loss = out.float().square().sum() + (res[1].sum() if return_final_states else 0.0)
         loss.backward()
     calls = json.loads(record.read_text())["calls"]
-    bwd = {c["kernel"]: c for c in calls.values() if c["kernel"] in BWD}
-    assert sorted(bwd) == sorted(BWD)
+    # B2 + B3: one walk, or F2's kernel then the elementwise walk.
+    sp = "ssd_state_passing_bwd" if sp_path == "split" else "ssd_chunk_state_passing_bwd"
+    want = (sp, *BWD[1:])
+    bwd = {c["kernel"]: c for c in calls.values() if c["kernel"] in (*BWD, "ssd_state_passing_bwd")}
+    assert sorted(bwd) == sorted(want)
     for name, c in bwd.items():
         assert c["dtype"] == "bf16", (name, c["dtype"])
-    assert bwd["ssd_chunk_state_passing_bwd"]["dims"]["has_dfinal"] == int(return_final_states)
+    assert bwd[sp]["dims"]["has_dfinal"] == int(return_final_states)
 
 
 def test_the_mixer_calls_backward_keys_that_the_nano_spec_tunes():
@@ -70,7 +76,9 @@ def test_bench_backward_kernel_rows_run_each_kernel_through_the_runtime(tmp_path
             outs = out if isinstance(out, tuple) else (out,)
             assert base is None and all(torch.isfinite(t).all() for t in outs if isinstance(t, torch.Tensor)), stage
     recorded = json.loads((tmp_path / "calls.json").read_text())
-    assert sorted({c["kernel"] for c in recorded["calls"].values()}) == sorted(BWD_KERNELS.values()), recorded
+    # B2 + B3's row runs the path the backward takes: split at these 4 heads (F2's kernel, then the walk).
+    want = set(BWD_KERNELS.values()) - {"ssd_chunk_state_passing_bwd"} | {"ssd_chunk_state", "ssd_state_passing_bwd"}
+    assert {c["kernel"] for c in recorded["calls"].values()} == want, recorded
 
 
 def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mode, tmp_path):
@@ -105,3 +113,6 @@ def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mod
     assert bwd_partials(64, 128) == {"row_partials": 1, "last_partials": 32}
     assert bwd_partials(64, 256) == {"row_partials": 2, "last_partials": 64}
     assert recorded == all_keys()["ssd_chunk_cumsum_bwd"].dims_for(shape), recorded
+    # Two heads: B2 + B3 split, its walk keyed on whole chunks (seqlen 40 -> 48), as the plan keys it.
+    (walk,) = [c["dims"] for c in calls if c["kernel"] == "ssd_state_passing_bwd"]
+    assert walk == all_keys()["ssd_state_passing_bwd"].dims_for(shape) and walk["seqlen"] == 48, walk

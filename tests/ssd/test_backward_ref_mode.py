@@ -28,7 +28,7 @@ SHAPES = [
     pytest.param((1, 64, 1, 16, 1, 16, 16), id="H1-G1-L64-Q16"),  # one head, exact chunks
     pytest.param((2, 37, 6, 20, 3, 24, 16), id="L37-Q16-G3-P20-N24"),  # odd sizes, 3 groups
 ]
-STAGES = ["ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
+STAGES = ["ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
           "ssd_chunk_cumsum_bwd"]
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
@@ -172,8 +172,14 @@ COMBINED_CASES = [pytest.param(SHAPES[0].values[0], *opt.values, id=f"{SHAPES[0]
 ]
 
 
+# B2 + B3 both ways (these small shapes take the split by the shape rule; MAMBA_TUNE_SSD_SP_BWD picks).
+SP_PATHS = pytest.mark.parametrize("sp_path", ["fused", "split"])
+
+
+@SP_PATHS
 @pytest.mark.parametrize("shape,options", COMBINED_CASES)
-def test_gradients_bf16_match_recurrence(shape, options):
+def test_gradients_bf16_match_recurrence(shape, options, sp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", sp_path)
     _check_grads(_inputs(shape, options, torch.bfloat16), bool(options.get("dfinal")), atol=1e-3)
 
 
@@ -184,7 +190,9 @@ def test_gradients_other_dtypes(dtype, atol):
     _check_grads(_inputs((2, 80, 4, 24, 2, 24, 32), options, dtype, seed=5), True, atol)
 
 
-def test_gradcheck_fp32_fast_mode():
+@SP_PATHS
+def test_gradcheck_fp32_fast_mode(sp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", sp_path)
     # Finite differences of our own forward against our backward (fp32: the kernels'
     # contract is fp32/fp16/bf16 and they accumulate in fp32, so fp64 is not an option).
     i = _inputs((1, 40, 2, 16, 1, 16, 16), {"has_dt_bias": 1, "dt_softplus": 1, "has_D": 1, "has_z": 1,
@@ -200,7 +208,9 @@ def test_gradcheck_fp32_fast_mode():
     assert torch.autograd.gradcheck(fn, leaves, eps=1e-3, atol=2e-2, rtol=2e-2, fast_mode=True)
 
 
-def test_backward_is_deterministic():
+@SP_PATHS
+def test_backward_is_deterministic(sp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", sp_path)
     i = _inputs((2, 80, 4, 24, 2, 24, 32), {"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1, "has_D": 1,
                                             "has_dt_bias": 1, "dt_softplus": 1}, torch.bfloat16, seed=2)
     dy, dfinal = _out_grads(i, True)

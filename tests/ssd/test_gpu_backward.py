@@ -46,7 +46,8 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
 
 
 @pytest.mark.parametrize("stage,shape", [*[pytest.param(s, NANO, id=s) for s in STAGES],
-                                         pytest.param("ssd_chunk_state_scan_bwd_dbdc", ONE_GROUP, id="dbdc-one-group")])
+                                         pytest.param("ssd_chunk_state_scan_bwd_dbdc", ONE_GROUP, id="dbdc-one-group"),
+                                         pytest.param("ssd_state_passing_bwd", ONE_GROUP, id="walk-one-group")])
 def test_backward_stage_at_model_size(stage, shape, nan_empty):
     tk = get(stage)
     dims = tk.dims_for(shape)

@@ -12,6 +12,7 @@ from autotune_cli.tuning.ssd import (
     chunk_state_scan_bwd_dbdc,
     selective_state_update,
     state_passing,
+    state_passing_bwd,
 )
 
 KERNELS = (
@@ -22,6 +23,7 @@ KERNELS = (
     bmm.SSD_BMM,
     chunk_scan.SSD_CHUNK_SCAN,
     chunk_state_passing_bwd.SSD_CHUNK_STATE_PASSING_BWD,
+    state_passing_bwd.SSD_STATE_PASSING_BWD,
     chunk_scan_chunk_state_bwd_dx.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
     chunk_state_scan_bwd_dbdc.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
     chunk_cumsum_bwd.SSD_CHUNK_CUMSUM_BWD,

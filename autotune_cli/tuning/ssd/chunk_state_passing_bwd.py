@@ -6,13 +6,10 @@ from typing import Any
 
 import torch
 
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.kernel_keys import all_keys
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
 from mamba_tune.ssd import chunk_state_passing_bwd as kernel
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return {**inputs.pick(inputs.mixer_dims(shape), kernel.DIMS[:-1]), "has_dfinal": 0}
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
@@ -81,7 +78,7 @@ _SEEDS = inputs.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 6
 
 SSD_CHUNK_STATE_PASSING_BWD = TunableKernel(
     runtime=kernel.SSD_CHUNK_STATE_PASSING_BWD,
-    dims_for=_dims_for,
+    dims_for=all_keys()["ssd_chunk_state_passing_bwd"].dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,
