@@ -77,9 +77,9 @@ def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
     batch 2; split / fused ms, each path on its entries or defaults): Falcon-H1-0.5B (24 heads)
     0.168 / 0.199, Mamba2-2.7B (80 heads, chunk 256) 0.268 / 0.289, Zamba2-2.7B (80, chunk 256)
     0.154 / 0.183; Nemotron-3 Nano TP2 (32 heads, a tie: the one walk, whose entries exist)
-    0.196 / 0.198, Nemotron-3 Nano TP1 (64 heads) 0.303 / 0.248, Nemotron-H 8B (128) 0.550 / 0.493, Nemotron-H 47B (256, dstate 256)
-    2.125 / 1.887. Mirrored by autotune_cli.kernel_keys (tests/ssd/test_state_passing_bwd.py
-    checks they agree)."""
+    0.196 / 0.198, Nemotron-3 Nano TP1 (64 heads) 0.303 / 0.248, Nemotron-H 8B (128)
+    0.550 / 0.493, Nemotron-H 47B (256, dstate 256) 2.125 / 1.887. Mirrored by
+    autotune_cli.kernel_keys (tests/ssd/test_state_passing_bwd.py checks they agree)."""
     return batch * nheads < 64 or chunk_size >= 256
 
 
