@@ -14,8 +14,9 @@ intermediates no more bytes than mamba-ssm keeps of its output: SAVE_INTERMEDIAT
 four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks; or F2's kernel then
 state_passing_bwd's elementwise walk, per shape: `split_state_passing_bwd`),
 chunk_scan_chunk_state_bwd_dx (B1 + B4 + B9: dx, dz, dD, per-position ddt/ddA sums),
-chunk_state_scan_bwd_dbdc (B5-B8: dB, dC) and chunk_cumsum_bwd (B10 and ddA's glue). Every
-reduction has a fixed order (no atomics), so gradients are bitwise reproducible.
+chunk_state_scan_bwd_dbdc (B5-B8: dB, dC; or dbdc_two_pass, `DBDC_PATH`) and chunk_cumsum_bwd (B10
+and ddA's glue). Every reduction has a fixed order (no atomics across programs), so gradients
+are bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mamba_tune.ssd import (
     chunk_state_scan_bwd_dbdc,
     chunk_state_varlen,
     common,
+    dbdc_two_pass,
     state_passing,
     state_passing_bwd,
 )
@@ -88,6 +90,25 @@ def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
     if path not in ("", "fused", "split"):
         raise ValueError(f"{SP_BWD_PATH}={path!r}: expected 'fused', 'split' or unset (the shape's rule)")
     return split_state_passing_bwd(batch, nheads, chunk_size) if not path else path == "split"
+
+
+# B5-B8 (dB, dC) in one kernel (`chunk_state_scan_bwd_dbdc`, each dCB tile built by the program
+# of its rows and again by the program of its columns) or in two passes (`dbdc_two_pass`: each
+# tile once, through a head-summed buffer). "one" (the default) or "two"; the two-pass form is
+# not measured on a GPU yet and has no tuned entries.
+DBDC_PATH = "MAMBA_TUNE_SSD_DBDC"
+
+
+def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
+                seq_idx: torch.Tensor | None, rows: torch.Tensor | None, cb: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """dB and dC on the path DBDC_PATH names (see there), as `chunk_state_scan_bwd_dbdc._launch`."""
+    path = os.environ.get(DBDC_PATH, "") or "one"
+    if path not in ("one", "two"):
+        raise ValueError(f"{DBDC_PATH}={path!r}: expected 'one', 'two' or unset (one)")
+    launch = dbdc_two_pass._launch if path == "two" else chunk_state_scan_bwd_dbdc._launch
+    return launch(dy, z, x, B, C, dt, dA_cumsum, prev_states, dstates, seq_idx, rows, cb)
 
 
 def state_passing_bwd_launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum: torch.Tensor,
@@ -384,8 +405,8 @@ def ssd_backward(
     dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,
                                                              dstates, D, seq_idx)
     # Without z the dx kernel leaves dout . y (rows[2]) and ddt~'s chunk term (in rows[0]) to it.
-    dB, dC = chunk_state_scan_bwd_dbdc._launch(dy, z, x, Bx, Cx, dt_out, dA_cumsum, prev_states, dstates, seq_idx,
-                                               rows if z is None else None, cb if z is None else None)
+    dB, dC = dbdc_launch(dy, z, x, Bx, Cx, dt_out, dA_cumsum, prev_states, dstates, seq_idx,
+                         rows if z is None else None, cb if z is None else None)
     ddt, dA, ddt_bias = chunk_cumsum_bwd._launch(rows, ddA_last, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
     if D is not None and dD is not None:
         dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)

@@ -29,7 +29,11 @@ from mamba_tune import runtime
 
 
 def _ssd_kernels() -> list[Any]:
-    return [tk.kernel for name, tk in all_kernels().items() if tk.family == "ssd"]
+    # The tunable kernels, and the two-pass dB/dC form's (not tunable yet: no tuning records).
+    from mamba_tune.ssd import dbdc_two_pass
+
+    return [*(tk.kernel for name, tk in all_kernels().items() if tk.family == "ssd"), dbdc_two_pass.dcb_kernel,
+            dbdc_two_pass.dbdc_kernel]
 
 
 def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
