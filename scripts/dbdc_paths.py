@@ -8,14 +8,13 @@ seq_idx: the tuning record's problem, so the dx kernel's sums are added too) it 
 - the one kernel on its bundle entry (else its default) and mamba-ssm's kernels for that work;
 - the two passes on their defaults, and each pass alone at a few configs, and the two passes at
   other head-run counts;
-- each path's largest error against the fp32 reference (dB, dC, and the sums added to the dx
-  kernel's rows), next to eager bf16's error, the bound the tuner applies (2x it + atol).
+- each path through the tuner's fp32 check (dB, dC and the sums added to the dx kernel's rows,
+  each within 2x eager bf16's error + 0.01).
 GPU time from do_bench (L2 flushed), the host's buffer allocations included in the whole rows.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 
 DCB_CONFIGS = [([64, 128, 64, 64], 8, 3), ([64, 128, 32, 64], 8, 2), ([32, 128, 64, 64], 4, 3),
@@ -26,21 +25,11 @@ DEFAULT = ["mamba2-2.7b", "zamba2-2.7b", "falcon-h1-0.5b", "nemotron-3-nano-30b"
 
 
 def main(argv: list[str]) -> int:
-    from autotune_cli.presets import MODEL_PRESETS, tp_degrees
+    from preset_args import parse_presets
 
-    wanted = []
-    for arg in argv or DEFAULT:
-        m = re.fullmatch(r"([\w.-]+?)(?:@(\d+))?", arg)
-        name, tp = (m.group(1), int(m.group(2) or 1)) if m else (arg, 1)
-        if name not in MODEL_PRESETS:
-            print(f"dbdc_paths: unknown preset {name!r} in {arg!r}; known: {', '.join(MODEL_PRESETS)}",
-                  file=sys.stderr)
-            return 2
-        if tp not in tp_degrees(MODEL_PRESETS[name]):
-            print(f"dbdc_paths: {arg!r}: TP {tp} does not divide {name}'s heads and groups "
-                  f"(allowed: {tp_degrees(MODEL_PRESETS[name])})", file=sys.stderr)
-            return 2
-        wanted.append((arg, MODEL_PRESETS[name], tp))
+    wanted = parse_presets(argv, DEFAULT, "dbdc_paths")
+    if wanted is None:
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -52,16 +41,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _errors(got: dict, ref: dict) -> str:
-    return ", ".join(f"{k} {float((got[k].float() - ref[k].float()).abs().max()):.3g}" for k in ref)
-
-
 def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     import helion
     import torch
 
     from autotune_cli.kernel_keys import ModelShape
+    from autotune_cli.spec import Tolerance
     from autotune_cli.timing import gpu_median_ms
+    from autotune_cli.tuner import check_accuracy
     from autotune_cli.tuning import get
     from mamba_tune import runtime
     from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
@@ -75,15 +62,13 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     problem = tk.make_problem(dims, torch.bfloat16, dev, 0)
     _dBp, _dCp, dy, z, x, B, C, dt, dA, prev, ds, seq_idx, rows, cb = problem.args
     inputs = (dy, z, x, B, C, dt, dA, prev, ds, seq_idx)
-    ref, low = problem.reference(), problem.lowp_reference()
     before = set(runtime.resolutions())
 
-    def outputs(launch) -> dict:  # noqa: ANN001
-        r = rows.clone()
-        dB, dC = launch(*inputs, r, cb)
-        torch.cuda.synchronize()
-        s = r.sum(1)
-        return {"dB": dB, "dC": dC, "ddt_chunk": s[0], "dout_y": s[2]}
+    def check(launch) -> str:  # noqa: ANN001 - the tuner's check (2x eager bf16's error + atol), each output
+        dB, dC = problem.run(lambda *args: launch(*args[2:]))  # the rows' sums start from zero
+        acc = check_accuracy(problem, (dB[None], dC[None]), Tolerance(atol=0.01, factor=2.0))
+        errs = ", ".join(f"{k} {v:.3g} (bound {acc.bound[k]:.3g})" for k, v in acc.max_abs_err.items())
+        return f"{'ok' if acc.passed else 'FAILED'}: {errs}"
 
     one_ms = gpu_median_ms(lambda: one._launch(*inputs, rows, cb), 100)
     two_ms = gpu_median_ms(lambda: two._launch(*inputs, rows, cb), 100)
@@ -93,25 +78,28 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     sources = {k: v for k, v in runtime.resolutions().items() if k not in before}
     print(f"{label}: one kernel {one_ms:.4f} ms, two passes {two_ms:.4f} ms ({runs} head runs), mamba-ssm "
           + (f"{base_ms:.4f} ms" if base_ms is not None else "-") + f"; configs: {sources}", flush=True)
-    print(f"  max error vs fp32: one [{_errors(outputs(one._launch), ref)}]; two [{_errors(outputs(two._launch), ref)}]; "
-          f"eager bf16 [{_errors(low, ref)}]", flush=True)
+    print(f"  fp32 check, one kernel {check(one._launch)}", flush=True)
+    print(f"  fp32 check, two passes {check(two._launch)}", flush=True)
     # Each pass alone at a few configs, on the head-run count of the rule.
     S = torch.empty((runs, shape.batch, shape.ngroups, shape.seqlen, shape.chunk_size), dtype=x.dtype, device=dev)
     dBs = torch.empty((runs, shape.batch, shape.seqlen, shape.ngroups, shape.dstate), dtype=torch.float32, device=dev)
     dCs = torch.empty_like(dBs)
     a1 = (S, dBs, dCs, dy, z, x, C, dt, dA, prev, ds, seq_idx, rows, cb)
     a2 = (torch.empty_like(B), torch.empty_like(C), S, dBs, dCs, B, C)
-    for name, kernel, args, configs in (("dcb", two.dcb_kernel, a1, DCB_CONFIGS),
-                                        ("dbdc", two.dbdc_kernel, a2, DBDC_CONFIGS)):
+    Q, N, P = shape.chunk_size, shape.dstate, shape.headdim
+    for name, kernel, args, configs, caps in (("dcb", two.dcb_kernel, a1, DCB_CONFIGS, (Q, N, Q, P)),
+                                              ("dbdc", two.dbdc_kernel, a2, DBDC_CONFIGS, (Q, Q, N))):
         bound = kernel.bind(args)
         parts = []
-        for blocks, warps, stages in configs:
+        # Each config's blocks cut to their dims (Zamba2's dstate is 64), each distinct one timed once.
+        for blocks, warps, stages in dict.fromkeys((tuple(min(b, c) for b, c in zip(bl, caps, strict=True)), w, st)
+                                                   for bl, w, st in configs):
             try:
-                fn = bound.compile_config(helion.Config(block_sizes=blocks, num_warps=warps, num_stages=stages),
-                                          allow_print=False)
-                parts.append(f"{blocks} w{warps} s{stages} {gpu_median_ms(lambda fn=fn, args=args: fn(*args), 100):.4f}")
+                fn = bound.compile_config(helion.Config(block_sizes=list(blocks), num_warps=warps,
+                                                        num_stages=stages), allow_print=False)
+                parts.append(f"{list(blocks)} w{warps} s{stages} {gpu_median_ms(lambda fn=fn, args=args: fn(*args), 100):.4f}")
             except Exception as e:  # a config Helion or Triton refuses: say so, go on
-                parts.append(f"{blocks} w{warps} s{stages} {type(e).__name__}")
+                parts.append(f"{list(blocks)} w{warps} s{stages} {type(e).__name__}")
         print(f"  {name}: " + "; ".join(parts), flush=True)
     # Other head-run counts (defaults).
     rule = two.head_splits

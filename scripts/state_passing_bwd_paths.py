@@ -13,7 +13,6 @@ time from do_bench (L2 flushed), the split's host-side torch ops included.
 
 from __future__ import annotations
 
-import re
 import sys
 
 WALK_CONFIGS = [([16, 64], 4, 2), ([16, 32], 4, 2), ([16, 32], 2, 3), ([32, 32], 4, 2), ([32, 64], 4, 2),
@@ -22,21 +21,11 @@ DEFAULT = ["mamba2-2.7b", "falcon-h1-0.5b", "zamba2-2.7b", "nemotron-3-nano-30b"
 
 
 def main(argv: list[str]) -> int:
-    from autotune_cli.presets import MODEL_PRESETS, tp_degrees
+    from preset_args import parse_presets
 
-    wanted = []
-    for arg in argv or DEFAULT:
-        m = re.fullmatch(r"([\w.-]+?)(?:@(\d+))?", arg)
-        name, tp = (m.group(1), int(m.group(2) or 1)) if m else (arg, 1)
-        if name not in MODEL_PRESETS:
-            print(f"state_passing_bwd_paths: unknown preset {name!r} in {arg!r}; known: {', '.join(MODEL_PRESETS)}",
-                  file=sys.stderr)
-            return 2
-        if tp not in tp_degrees(MODEL_PRESETS[name]):
-            print(f"state_passing_bwd_paths: {arg!r}: TP {tp} does not divide {name}'s heads and groups "
-                  f"(allowed: {tp_degrees(MODEL_PRESETS[name])})", file=sys.stderr)
-            return 2
-        wanted.append((arg, MODEL_PRESETS[name], tp))
+    wanted = parse_presets(argv, DEFAULT, "state_passing_bwd_paths")
+    if wanted is None:
+        return 2
     import torch
 
     if not torch.cuda.is_available():

@@ -1,0 +1,27 @@
+"""The GPU scripts' preset arguments: `PRESET[@TP]` (tensor-parallel degree TP, default 1)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+
+def parse_presets(argv: list[str], default: list[str], prog: str) -> list[tuple[str, Any, int]] | None:
+    """[(label, the preset's ModelDims, tp)] for each argument (or `default`), or None after a
+    one-line error on stderr naming a preset that does not exist or a TP that does not divide it."""
+    from autotune_cli.presets import MODEL_PRESETS, tp_degrees
+
+    wanted = []
+    for arg in argv or default:
+        m = re.fullmatch(r"([\w.-]+?)(?:@(\d+))?", arg)
+        name, tp = (m.group(1), int(m.group(2) or 1)) if m else (arg, 1)
+        if name not in MODEL_PRESETS:
+            print(f"{prog}: unknown preset {name!r} in {arg!r}; known: {', '.join(MODEL_PRESETS)}", file=sys.stderr)
+            return None
+        if tp not in tp_degrees(MODEL_PRESETS[name]):
+            print(f"{prog}: {arg!r}: TP {tp} does not divide {name}'s heads and groups "
+                  f"(allowed: {tp_degrees(MODEL_PRESETS[name])})", file=sys.stderr)
+            return None
+        wanted.append((arg, MODEL_PRESETS[name], tp))
+    return wanted
