@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import helion
 import torch
 
 from autotune_cli.environment import now
+from autotune_cli.search_trace import SearchLog, describe_search_log, read_helion_log
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import Problem, TunableKernel, get
@@ -176,7 +178,8 @@ def fitting_seeds(seeds: Sequence[Any], default: Any) -> list[Any]:
 
 
 def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb: _Heartbeat,
-            seeds: list[Any], default: Any) -> tuple[Any, int | None]:
+            seeds: list[Any], default: Any, log_base: str) -> tuple[Any, int | None]:
+    """Helion's search on the bound kernel; it writes its autotune log to `log_base`.csv (and .log)."""
     from helion.autotuner import search_algorithms
     from helion.autotuner.effort_profile import get_effort_profile
 
@@ -194,14 +197,23 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     settings.autotune_budget_seconds = budget.seconds_per_combo
     settings.autotune_max_generations = budget.max_generations
     settings.autotune_progress_bar = False
-    cls = search_algorithms[budget.algorithm]
-    kwargs = cls.get_kwargs_from_profile(get_effort_profile(budget.effort), settings)
-    search = cls(bound, problem.args, **kwargs)
-    if tk.default_config is not None:
-        _search_default(search, default)
-    _budget_after_setup(search)
-    hb.search = search
-    best = search.autotune(skip_cache=True)
+    # Helion's own per-config log (search_trace.py reads it), set before the search reads the
+    # settings; they are the kernel's, shared by every shape a warm worker tunes, so the previous
+    # value comes back after. MAMBA_TUNE_SEARCH_LOG=0 leaves it alone (no trace in the entry).
+    previous_log = settings.autotune_log
+    if os.environ.get("MAMBA_TUNE_SEARCH_LOG", "1") != "0":
+        settings.autotune_log = log_base
+    try:
+        cls = search_algorithms[budget.algorithm]
+        kwargs = cls.get_kwargs_from_profile(get_effort_profile(budget.effort), settings)
+        search = cls(bound, problem.args, **kwargs)
+        if tk.default_config is not None:
+            _search_default(search, default)
+        _budget_after_setup(search)
+        hb.search = search
+        best = search.autotune(skip_cache=True)
+    finally:
+        settings.autotune_log = previous_log
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
 
@@ -291,6 +303,7 @@ def tune(
     phase_done("setup")
 
     with _Heartbeat(status_path) as hb:
+        search_log: SearchLog | None = None
         if interpret or budget.effort == "none":
             # No search: ref mode has no compiled code to time; effort none means "default".
             best, tried, seeds = default, 1, []
@@ -298,7 +311,11 @@ def tune(
             hb.phase = "searching"
             try:
                 seeds = fitting_seeds(seed_configs(tk, dims, warm_start), default)
-                best, tried = _search(tk, bound, problem, budget, hb, seeds, default)
+                with tempfile.TemporaryDirectory(prefix="mamba-tune-search-") as tmp:
+                    best, tried = _search(tk, bound, problem, budget, hb, seeds, default, os.path.join(tmp, "search"))
+                    search_log = read_helion_log(os.path.join(tmp, "search.csv"))
+                if search_log is not None:
+                    print(f"search log: {describe_search_log(search_log)}", file=sys.stderr, flush=True)
             except Exception as e:  # a search that finds nothing usable
                 if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
                     raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
@@ -352,7 +369,8 @@ def tune(
         search=Search(algorithm="none" if (interpret or budget.effort == "none") else budget.algorithm,
                       effort="none" if interpret else budget.effort, configs_tried=tried, seconds=phases["search"],
                       seed=budget.seed, seed_configs=len(seeds), budget_seconds=budget.seconds_per_combo,
-                      max_generations=budget.max_generations),
+                      max_generations=budget.max_generations,
+                      trace=None if search_log is None else [list(p) for p in search_log.trace]),
         accuracy=acc,
         tuned_at=now(),
     )

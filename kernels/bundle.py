@@ -106,6 +106,9 @@ class Search(_Model):
     seed_configs: int = Field(0, description="hand-picked starting configs given to the search")
     budget_seconds: int | None = None
     max_generations: int | None = None
+    trace: list[tuple[float, float]] | None = Field(
+        None, description="best so far: [seconds into the search, best ms] at each config that beat every "
+        "earlier one, from Helion's autotune log (absent: no search ran, or a bundle from before this field)")
 
 
 class Accuracy(_Model):

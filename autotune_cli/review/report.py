@@ -2,8 +2,10 @@
 
 One figure per kernel: for each tuned shape, the speedup of the tuned config over
 the kernel's default config and over the baseline (mamba-ssm), with 1.0x drawn in. Shapes
-are labeled by the dims that vary between the kernel's entries. report.md embeds the
-figures and holds the table of entries, the failures and the provenance.
+are labeled by the dims that vary between the kernel's entries. Where entries carry their
+search's trace (`search.trace`), a second figure per kernel draws the best config so far
+against the search's time. report.md embeds the figures and holds the table of entries (with
+when each search came within 1% of its best), the failures and the provenance.
 
 matplotlib is optional (the "report" extra). Figures are drawn with the object API on
 an Agg canvas (`matplotlib.figure.Figure`), never pyplot, so no GUI backend or global
@@ -16,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from autotune_cli.search_trace import seconds_to_within
 from mamba_tune.bundle import Bundle, Entry
 
 
@@ -90,6 +93,33 @@ def plot_kernel(kernel: str, entries: list[Entry], gpu_name: str, path: Path) ->
     fig.savefig(path)
 
 
+def plot_search(kernel: str, entries: list[Entry], gpu_name: str, path: Path) -> None:
+    """Best so far against time, per shape whose entry has a search trace: the best config's
+    time over the search's final best (1.0 = where it ended), as steps at each improvement."""
+    Figure = _figure_class()
+    fig = Figure(figsize=(7.0, 4.4), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    for label, e in zip(shape_labels(entries), entries, strict=True):
+        trace = e.search.trace
+        if not trace:
+            continue
+        final = trace[-1][1]
+        xs = [t for t, _ in trace] + [max(e.search.seconds, trace[-1][0])]
+        ys = [ms / final for _, ms in trace] + [1.0]
+        ax.step(xs, ys, where="post", label=label.replace("\n", ", "), linewidth=1.2)
+    ax.axhline(1.01, color="0.5", linestyle=":", linewidth=1)
+    ax.set_xlabel("seconds into the search")
+    ax.set_ylabel("best so far / final best (lower is better)")
+    ax.set_title(f"{kernel} on {gpu_name}: best config so far")
+    ax.legend(loc="upper right", fontsize=7)
+    fig.savefig(path)
+
+
+def _within(e: Entry) -> str:
+    w = seconds_to_within(e.search.trace or [], 1.0)
+    return "" if w is None else f", within 1% at {w:.0f} s"
+
+
 def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -129,6 +159,11 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
         plot_kernel(kernel, entries, p.gpu.name, png)
         written.append(png)
         lines += [f"## {kernel}", "", f"![{kernel}: speedup per shape]({png.name})", ""]
+        if any(e.search.trace for e in entries):
+            trace_png = out_dir / f"search-{kernel}.png"
+            plot_search(kernel, entries, p.gpu.name, trace_png)
+            written.append(trace_png)
+            lines += [f"![{kernel}: best config so far against search time]({trace_png.name})", ""]
         lines += ["| dims | dtype | tuned ms | default ms | baseline ms | vs default | vs baseline | GB/s | "
                   "TFLOP/s | search |", "|---|---|---|---|---|---|---|---|---|---|"]
         for e in entries:
@@ -139,7 +174,7 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
                 f"{'-' if t.baseline_ms is None else f'{t.baseline_ms:.4f}'} | {_x(e.speedup.vs_default)} | "
                 f"{_x(e.speedup.vs_baseline)} | {'-' if t.gbps is None else f'{t.gbps:.0f}'} | "
                 f"{'-' if t.tflops is None else f'{t.tflops:.1f}'} | "
-                f"{s.algorithm}/{s.effort}, {s.configs_tried or '?'} configs, {s.seconds:.0f} s |")
+                f"{s.algorithm}/{s.effort}, {s.configs_tried or '?'} configs, {s.seconds:.0f} s{_within(e)} |")
         lines.append("")
     if bundle.failures:
         lines += ["## Failures", "", "| entry | reason |", "|---|---|"]

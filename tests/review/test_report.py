@@ -95,3 +95,27 @@ def test_bad_inputs(tmp_path: Path) -> None:
     bad.write_text("[]")
     res = runner.invoke(app, ["report", str(bad), "-o", str(tmp_path / "r")])
     assert res.exit_code == 2 and "a bundle is a JSON object" in res.stderr
+
+
+def test_search_traces_get_a_figure_and_their_time_to_within_one_percent(tmp_path: Path) -> None:
+    """Entries with a search trace: a best-so-far figure for their kernel (none for a kernel
+    without traces), and the table says when each search came within 1% of its best."""
+    bundle = report_bundle()
+    traced = {}
+    for key, e in bundle.entries.items():
+        if e.kernel == "gated_norm_fwd":
+            trace = [(2.0, 0.30), (11.0, 0.1009), (40.0, 0.1)]  # within 1% of 0.1 at 11 s
+            e = e.model_copy(update={"search": e.search.model_copy(update={"trace": trace})})
+        traced[key] = e
+    src = fx.write(bundle.model_copy(update={"entries": traced}), tmp_path / "h200" / "nano.json")
+    out = tmp_path / "report"
+    res = runner.invoke(app, ["report", str(src), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert {p.name for p in out.glob("*.png")} == {"speedup-gated_norm_fwd.png", "speedup-gated_norm_bwd.png",
+                                                   "search-gated_norm_fwd.png"}
+    data = (out / "search-gated_norm_fwd.png").read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+    md = (out / "report.md").read_text()
+    assert "](search-gated_norm_fwd.png)" in md and "](search-gated_norm_bwd.png)" not in md
+    assert md.count("60 s, within 1% at 11 s |") == 3
+    assert fx.assert_md_tables(md) == 4
