@@ -25,7 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from mamba_tune.vocab import DtypeName
 
@@ -109,6 +116,15 @@ class Search(_Model):
     trace: list[tuple[float, float]] | None = Field(
         None, description="best so far: [seconds into the search, best ms] at each config that beat every "
         "earlier one, from Helion's autotune log (absent: no search ran, or a bundle from before this field)")
+
+    @model_serializer(mode="wrap")
+    def _no_empty_trace(self, handler: Any) -> Any:
+        # Written only where there is one: an entry without a trace stays as bundles were
+        # before the field existed (readable by older mamba-tune, no churn in diffs).
+        data = handler(self)
+        if isinstance(data, dict) and data.get("trace") is None:
+            data.pop("trace", None)
+        return data
 
 
 class Accuracy(_Model):
