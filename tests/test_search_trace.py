@@ -113,3 +113,29 @@ def test_a_real_search_leaves_its_trace(capsys: pytest.CaptureFixture[str]) -> N
     assert trace, "no trace from Helion's autotune log"
     assert all(a[0] <= b[0] and a[1] > b[1] for a, b in zip(trace, trace[1:]))
     assert "search log: " in capsys.readouterr().err
+
+
+def test_compare_searches_says_which_came_within_one_percent_sooner(tmp_path: Path) -> None:
+    """scripts/compare_searches.py on two bundles of the same combo (cold and warm-started
+    searches): each final best, and when each came within 1% of the better one."""
+    import subprocess
+    import sys
+
+    from mamba_tune.bundle import write_bundle
+
+    e = entry()
+
+    def traced(trace: list[tuple[float, float]]):  # noqa: ANN202
+        return bundle(e.model_copy(update={"search": e.search.model_copy(update={"trace": trace})}))
+
+    cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
+    write_bundle(traced([(2.0, 0.30), (30.0, 0.105), (50.0, 0.1004)]), cold)
+    write_bundle(traced([(1.0, 0.1009), (20.0, 0.1)]), warm)
+    script = Path(__file__).parent.parent / "scripts" / "compare_searches.py"
+    r = subprocess.run([sys.executable, str(script), str(cold), str(warm)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (f"{e.key}: final best A 0.1004 ms, B 0.1000 ms; within 1% of 0.1000 ms: "
+                                "A 50.0 s, B 1.0 s (A / B 50.00x)")
+    r = subprocess.run([sys.executable, str(script), str(cold), str(tmp_path / "none.json")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "compare_searches: " in r.stderr and "\n" not in r.stderr.strip()
