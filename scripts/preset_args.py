@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,3 +26,20 @@ def parse_presets(argv: list[str], default: list[str], prog: str) -> list[tuple[
             return None
         wanted.append((arg, MODEL_PRESETS[name], tp))
     return wanted
+
+
+def run_per_preset(argv: list[str], default: list[str], prog: str, one: Callable[[str, Any, int], None]) -> int:
+    """A GPU script's main: `one(label, dims, tp)` for each preset argument (or `default`);
+    exit status 2 after a one-line error for a bad argument or a machine without a CUDA GPU."""
+    wanted = parse_presets(argv, default, prog)
+    if wanted is None:
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    for label, dims, tp in wanted:
+        one(label, dims, tp)
+        torch.cuda.empty_cache()
+    return 0

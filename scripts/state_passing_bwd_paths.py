@@ -21,20 +21,9 @@ DEFAULT = ["mamba2-2.7b", "falcon-h1-0.5b", "zamba2-2.7b", "nemotron-3-nano-30b"
 
 
 def main(argv: list[str]) -> int:
-    from preset_args import parse_presets
+    from preset_args import run_per_preset
 
-    wanted = parse_presets(argv, DEFAULT, "state_passing_bwd_paths")
-    if wanted is None:
-        return 2
-    import torch
-
-    if not torch.cuda.is_available():
-        print("state_passing_bwd_paths: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    for label, dims, tp in wanted:
-        _one(label, dims, tp)
-        torch.cuda.empty_cache()
-    return 0
+    return run_per_preset(argv, DEFAULT, "state_passing_bwd_paths", _one)
 
 
 def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
