@@ -36,6 +36,7 @@ from rich.text import Text
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.presets import GPU_SKUS
+from autotune_cli.search_trace import seconds_to_within
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
 from autotune_cli.warm_start import warm_configs
@@ -145,6 +146,9 @@ def describe_entry(e: Entry) -> str:
     text = f"{t.tuned_ms:.4f} ms (default {t.default_ms:.4f} ms, {e.speedup.vs_default:.2f}x"
     if t.baseline_ms is not None and e.speedup.vs_baseline is not None:
         text += f"; {t.baseline} {t.baseline_ms:.4f} ms, {e.speedup.vs_baseline:.2f}x"
+    within = seconds_to_within(e.search.trace or [], 1.0)
+    if within is not None:
+        text += f"; the search within 1% of its best at {within:.0f} s of {e.search.seconds:.0f} s"
     return text + ")"
 
 

@@ -139,3 +139,12 @@ def test_compare_searches_says_which_came_within_one_percent_sooner(tmp_path: Pa
     r = subprocess.run([sys.executable, str(script), str(cold), str(tmp_path / "none.json")], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "compare_searches: " in r.stderr and "\n" not in r.stderr.strip()
+
+
+def test_the_sweeps_combo_line_says_when_the_search_came_within_one_percent() -> None:
+    from autotune_cli.sweep import describe_entry
+
+    e = entry()
+    assert "within 1%" not in describe_entry(e)
+    traced = e.model_copy(update={"search": e.search.model_copy(update={"trace": [(3.0, 0.2), (14.2, 0.1)]})})
+    assert describe_entry(traced).endswith("; the search within 1% of its best at 14 s of 60 s)")
