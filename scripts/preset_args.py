@@ -30,7 +30,9 @@ def parse_presets(argv: list[str], default: list[str], prog: str) -> list[tuple[
 
 def run_per_preset(argv: list[str], default: list[str], prog: str, one: Callable[[str, Any, int], None]) -> int:
     """A GPU script's main: `one(label, dims, tp)` for each preset argument (or `default`);
-    exit status 2 after a one-line error for a bad argument or a machine without a CUDA GPU."""
+    exit status 2 after a one-line error for a bad argument or a machine without a CUDA GPU. A
+    preset whose run raises gets a one-line error and the next one runs (a device call's time
+    is scarce); the exit status is then 1."""
     wanted = parse_presets(argv, default, prog)
     if wanted is None:
         return 2
@@ -39,7 +41,13 @@ def run_per_preset(argv: list[str], default: list[str], prog: str, one: Callable
     if not torch.cuda.is_available():
         print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
         return 2
+    failed = 0
     for label, dims, tp in wanted:
-        one(label, dims, tp)
+        try:
+            one(label, dims, tp)
+        except Exception as e:  # say which preset and why, go on with the next
+            failed += 1
+            print(f"{prog}: {label}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                  file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
-    return 0
+    return 1 if failed else 0
