@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
 def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     import helion
     import torch
+    from preset_args import model_shape
 
-    from autotune_cli.kernel_keys import ModelShape
     from autotune_cli.spec import Tolerance
     from autotune_cli.timing import gpu_median_ms
     from autotune_cli.tuner import check_accuracy
@@ -44,8 +44,7 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     from mamba_tune.ssd import dbdc_two_pass as two
 
     dev = torch.device("cuda")
-    shape = ModelShape(batch=2, seqlen=8192, nheads=d.nheads // tp, headdim=d.headdim, ngroups=d.ngroups // tp,
-                       dstate=d.dstate, chunk_size=d.chunk_size)
+    shape = model_shape(d, tp)
     tk = get("ssd_chunk_state_scan_bwd_dbdc")
     dims = tk.dims_for(shape)
     problem = tk.make_problem(dims, torch.bfloat16, dev, 0)

@@ -29,8 +29,9 @@ def main(argv: list[str]) -> int:
 def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     import helion
     import torch
+    from preset_args import model_shape
 
-    from autotune_cli.kernel_keys import ModelShape, state_passing_bwd_dims
+    from autotune_cli.kernel_keys import state_passing_bwd_dims
     from autotune_cli.timing import gpu_median_ms
     from autotune_cli.tuning import get
     from mamba_tune import runtime
@@ -38,8 +39,7 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     from mamba_tune.ssd import state_passing_bwd as split
 
     dev = torch.device("cuda")
-    shape = ModelShape(batch=2, seqlen=8192, nheads=d.nheads // tp, headdim=d.headdim, ngroups=d.ngroups // tp,
-                       dstate=d.dstate, chunk_size=d.chunk_size)
+    shape = model_shape(d, tp)
     tk = get("ssd_chunk_state_passing_bwd")
     dims = state_passing_bwd_dims(shape)
     problem = tk.make_problem(dims, torch.bfloat16, dev, 0)

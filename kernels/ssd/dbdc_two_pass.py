@@ -245,12 +245,8 @@ def _dbdc_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 _DCB_DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 8, 3)
 
 
-def _dbdc_default(dims: dict[str, int]) -> dict[str, Any]:
-    def pow2(n: int, cap: int) -> int:
-        return min(cap, max(16, 1 << (int(n) - 1).bit_length()))
-    # [block_m, block_k, the tile's dstate block] (Helion numbers blocks as they are registered).
-    return {"block_sizes": [pow2(dims["chunk_size"], 64), pow2(dims["chunk_size"], 64), pow2(dims["dstate"], 128)],
-            "num_warps": 4, "num_stages": 3}
+# [block_m, block_k, the tile's dstate block] (Helion numbers blocks as they are registered).
+_DBDC_DEFAULT = common.clamped_default([64, 64, 128], ("chunk_size", "chunk_size", "dstate"), 4, 3)
 
 
 SSD_DCB = runtime.RuntimeKernel(
@@ -271,6 +267,6 @@ SSD_DBDC_FROM_DCB = runtime.RuntimeKernel(
     dims=DBDC_DIMS,
     size_dims=common.size_dims(DBDC_DIMS),
     dims_from_args=_dbdc_dims_from_args,
-    default_config=_dbdc_default,
+    default_config=_DBDC_DEFAULT,
     dtype_arg=0,
 )

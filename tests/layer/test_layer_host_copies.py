@@ -13,50 +13,20 @@ into the slice; this test then changes with it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pytest
 import torch
+from host_copies import HostCopies
 from layer_inputs import Layer
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import mamba_tune
-from mamba_tune import runtime
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc
 
 pytestmark = pytest.mark.usefixtures("layer_ref_mode")
 
-COPIES = frozenset(("copy_", "cat", "_to_copy", "clone"))
-
-
-class _HostCopies(TorchDispatchMode):
-    """(op, shape) of each copy op dispatched while no kernel runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, tuple[int, ...]]] = []
-        self.in_kernel = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if not self.in_kernel and name in COPIES and isinstance(out, torch.Tensor):
-            self.seen.append((name, tuple(out.shape)))
-        return out
-
 
 def test_the_layers_host_copies_are_the_known_glue(monkeypatch):
-    audit = _HostCopies()
-    real_run = runtime.run
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        audit.in_kernel += 1
-        try:
-            return real_run(*args, **kwargs)
-        finally:
-            audit.in_kernel -= 1
-
-    monkeypatch.setattr(runtime, "run", run)
+    audit = HostCopies(monkeypatch)
     layer = Layer.make(torch.bfloat16)
     b, L = layer.tensors["zxbcdt"].shape[:2]
     nheads, ngroups = layer.tensors["A"].shape[0], layer.kwargs["ngroups"]

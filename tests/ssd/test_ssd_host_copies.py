@@ -9,54 +9,17 @@ partials, where the dB/dC kernel splits a group's heads.
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
-from typing import Any
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_copies import HostCopies
 
-import mamba_tune
-from mamba_tune import runtime
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc, mamba_chunk_scan_combined
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode")
 
-COPIES = frozenset(("copy_", "cat", "_to_copy", "clone"))
-OURS = str(Path(mamba_tune.__file__).resolve().parent)
-
-
-class _HostCopies(TorchDispatchMode):
-    """(op, shape) of each copy op the project's code dispatches while no kernel runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, tuple[int, ...]]] = []
-        self.in_kernel = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if not self.in_kernel and name in COPIES and isinstance(out, torch.Tensor):
-            if any(str(Path(f.filename).resolve()).startswith(OURS) for f in traceback.extract_stack()):
-                self.seen.append((name, tuple(out.shape)))
-        return out
-
-
 @pytest.mark.parametrize("runs", [pytest.param(1, id="one-head-run"), pytest.param(2, id="two-head-runs")])
 def test_the_module_layout_reaches_the_kernels_without_a_copy(monkeypatch, runs):
-    audit = _HostCopies()
-    real_run = runtime.run
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        audit.in_kernel += 1
-        try:
-            return real_run(*args, **kwargs)
-        finally:
-            audit.in_kernel -= 1
-
-    monkeypatch.setattr(runtime, "run", run)
+    audit = HostCopies(monkeypatch, ours_only=True)
     monkeypatch.setattr(chunk_state_scan_bwd_dbdc, "head_splits", lambda *_args: runs)
     b, L, H, P, G, N, Q = 2, 48, 4, 16, 2, 16, 16
     dim, conv_dim = H * P, H * P + 2 * G * N
