@@ -168,6 +168,41 @@ def _state_passing_bwd(shape: ModelShape) -> dict[str, int] | None:
     return dims
 
 
+def two_pass_dbdc(dstate: int) -> bool:
+    """Whether the backward takes dB and dC in two passes (`ssd_chunk_state_scan_bwd_dcb`, then
+    `ssd_bmm_bwd_dbdc`) rather than in one kernel (`ssd_chunk_state_scan_bwd_dbdc`):
+    mamba_tune.ssd.combined.two_pass_dbdc (its measurements), mirrored (tests/ssd/test_dbdc_two_pass.py
+    checks the two agree)."""
+    return dstate >= 256
+
+
+# The two passes split each group's heads into runs as the one kernel does (TARGET_PROGRAMS and
+# head_splits in kernels/ssd/chunk_state_scan_bwd_dbdc.py), mirrored: the second pass's key holds the count.
+DBDC_TARGET_PROGRAMS = 512
+
+
+def dbdc_head_runs(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
+    heads_per_group = nheads // ngroups
+    want = min(heads_per_group, max(1, -(-DBDC_TARGET_PROGRAMS // (batch * nchunks * ngroups))))
+    per_run = -(-heads_per_group // want)
+    return -(-heads_per_group // per_run)
+
+
+def _dbdc_one(shape: ModelShape) -> dict[str, int] | None:
+    return None if two_pass_dbdc(shape.dstate) else pick(mixer_dims(shape), CHUNK_STATE_SCAN_BWD_DBDC_DIMS)
+
+
+def _dbdc_dcb(shape: ModelShape) -> dict[str, int] | None:
+    return pick(mixer_dims(shape), DCB_DIMS) if two_pass_dbdc(shape.dstate) else None
+
+
+def _dbdc_bmm(shape: ModelShape) -> dict[str, int] | None:
+    if not two_pass_dbdc(shape.dstate):
+        return None
+    runs = dbdc_head_runs(shape.batch, -(-shape.seqlen // shape.chunk_size), shape.ngroups, shape.nheads)
+    return {**pick(mixer_dims(shape), BMM_BWD_DBDC_DIMS[:-1]), "runs": runs}
+
+
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
     # fused_bmm: mamba_tune.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
@@ -237,6 +272,9 @@ CHUNK_STATE_PASSING_BWD_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_df
 STATE_PASSING_BWD_DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_seq_idx", "has_dfinal")
 CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS = (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
 CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
+# B5-B8 in two passes (per shape: two_pass_dbdc): the head-summed dCB and state terms, then the dots.
+DCB_DIMS = CHUNK_STATE_SCAN_BWD_DBDC_DIMS
+BMM_BWD_DBDC_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "runs")
 CHUNK_CUMSUM_BWD_DIMS = (*CHUNK_CUMSUM_DIMS, "row_partials", "last_partials")
 # Decoding.
 SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias",
@@ -270,9 +308,10 @@ KEYS: tuple[KernelKey, ...] = (
     KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
               _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
               "mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),
-    KernelKey("ssd_chunk_state_scan_bwd_dbdc", "ssd", CHUNK_STATE_SCAN_BWD_DBDC_DIMS,
-              _ssd(CHUNK_STATE_SCAN_BWD_DBDC_DIMS),
+    KernelKey("ssd_chunk_state_scan_bwd_dbdc", "ssd", CHUNK_STATE_SCAN_BWD_DBDC_DIMS, _dbdc_one,
               "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
+    KernelKey("ssd_chunk_state_scan_bwd_dcb", "ssd", DCB_DIMS, _dbdc_dcb, "mamba_tune.ssd.dbdc_two_pass:dcb_kernel"),
+    KernelKey("ssd_bmm_bwd_dbdc", "ssd", BMM_BWD_DBDC_DIMS, _dbdc_bmm, "mamba_tune.ssd.dbdc_two_pass:dbdc_kernel"),
     KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
               "mamba_tune.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
     KernelKey("selective_state_update", "ssd", SELECTIVE_STATE_UPDATE_DIMS, decode_dims,

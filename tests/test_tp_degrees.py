@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune_cli.kernel_keys import split_state_passing_bwd
+from autotune_cli.kernel_keys import split_state_passing_bwd, two_pass_dbdc
 from autotune_cli.plan import plan
 from autotune_cli.presets import MODEL_PRESETS, tp_degrees
 from autotune_cli.spec import SpecError, parse_spec
@@ -37,15 +37,18 @@ def test_tp_4_and_8_resolve_and_plan(preset):
     combos = plan(spec)
     norm = {c.dims["d"] for c in combos if c.kernel == "gated_norm_fwd"}
     assert norm == {dims.nheads * dims.headdim // 4, dims.nheads * dims.headdim // 8}
-    # Every kernel has a combo at both degrees (TP 8 leaves one group per rank), but for the
-    # state-passing backward: the one walk and the split walk are alternatives, and the split
-    # rule (batch * nheads < 64 or chunk 256) picks exactly one of them per shape.
+    # Every kernel has a combo at both degrees (TP 8 leaves one group per rank), but for two
+    # pairs of alternatives, each picked per shape by its rule: the state-passing backward's one
+    # walk or split walk (batch * nheads < 64 or chunk 256), and dB/dC's one kernel or two passes
+    # (dstate >= 256: 47B and 56B).
     walks = {"ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd"}
+    one, two = {"ssd_chunk_state_scan_bwd_dbdc"}, {"ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc"}
     for tp in (4, 8):
         kernels = {c.kernel for c in combos if any(f"tp={tp} " in o for o in c.origins)}
         split = split_state_passing_bwd(2, dims.nheads // tp, dims.chunk_size)
         assert kernels & walks == {"ssd_state_passing_bwd" if split else "ssd_chunk_state_passing_bwd"}, tp
-        assert kernels - walks == set(spec.kernels) - walks, tp
+        assert kernels & (one | two) == (two if two_pass_dbdc(dims.dstate) else one), tp
+        assert kernels - walks - one - two == set(spec.kernels) - walks - one - two, tp
 
 
 @pytest.mark.parametrize("preset,tp", [("mamba2-2.7b", 2), ("zamba2-2.7b", 4), ("falcon-h1-0.5b", 8),

@@ -25,10 +25,11 @@ def test_warm_start_comes_first_then_the_kernels_seeds():
 
 def test_every_kernel_has_seeds_at_a_real_shape():
     # The sweep's quick budgets rely on them; lowering.main checks each one lowers.
-    from autotune_cli.lowering import LOWERING_SHAPES
+    from autotune_cli.lowering import SEED_SHAPES, shapes_for
 
     for tk in all_kernels().values():
-        dims = tk.dims_for(LOWERING_SHAPES[-1])
+        (shape, *_) = shapes_for(tk, SEED_SHAPES)
+        dims = tk.dims_for(shape)
         assert tk.seed_configs is not None and tk.seed_configs(dims), tk.name
 
 

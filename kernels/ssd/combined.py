@@ -14,7 +14,7 @@ intermediates no more bytes than mamba-ssm keeps of its output: SAVE_INTERMEDIAT
 four fused kernels: chunk_state_passing_bwd (B2 + B3, reverse over chunks; or F2's kernel then
 state_passing_bwd's elementwise walk, per shape: `split_state_passing_bwd`),
 chunk_scan_chunk_state_bwd_dx (B1 + B4 + B9: dx, dz, dD, per-position ddt/ddA sums),
-chunk_state_scan_bwd_dbdc (B5-B8: dB, dC; or dbdc_two_pass, `DBDC_PATH`) and chunk_cumsum_bwd (B10
+chunk_state_scan_bwd_dbdc (B5-B8: dB, dC; or dbdc_two_pass's two passes, per shape: `two_pass_dbdc`) and chunk_cumsum_bwd (B10
 and ddA's glue). Every reduction has a fixed order (no atomics across programs), so gradients
 are bitwise reproducible.
 """
@@ -93,21 +93,34 @@ def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
 
 
 # B5-B8 (dB, dC) in one kernel (`chunk_state_scan_bwd_dbdc`, each dCB tile built by the program
-# of its rows and again by the program of its columns) or in two passes (`dbdc_two_pass`: each
-# tile once, through a head-summed buffer). "one" (the default) or "two"; the two-pass form is
-# not measured on a GPU yet and has no tuned entries.
+# of its rows and again by the program of its columns, and once per dstate block) or in two
+# passes (`dbdc_two_pass`: each tile once, through a head-summed buffer): `two_pass_dbdc` picks
+# one per shape, this variable ("one" or "two") overrides it.
 DBDC_PATH = "MAMBA_TUNE_SSD_DBDC"
+
+
+def two_pass_dbdc(dstate: int) -> bool:
+    """Whether the backward takes dB and dC in two passes (`dbdc_two_pass`) at this shape: at
+    dstate >= 256, where the one kernel rebuilds each dCB tile for every dstate block it holds.
+    Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `scripts/dbdc_paths.py`; one
+    kernel on its bundle entry / two passes on their defaults / mamba-ssm, ms): Nemotron-H 47B
+    (dstate 256) 5.194 / 4.058 / 4.092; at dstate <= 128 the one kernel: Nemotron-3 Nano
+    0.645 / 0.831 / 1.058, Mamba2-2.7B 1.184 / 1.390 / 1.183, Zamba2-2.7B (dstate 64)
+    0.940 / 1.081 / 1.490, Falcon-H1-0.5B 0.317 / 0.320 / 0.764. Mirrored by
+    autotune_cli.kernel_keys (tests/ssd/test_dbdc_two_pass.py checks they agree)."""
+    return dstate >= 256
 
 
 def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
                 seq_idx: torch.Tensor | None, rows: torch.Tensor | None, cb: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dB and dC on the path DBDC_PATH names (see there), as `chunk_state_scan_bwd_dbdc._launch`."""
-    path = os.environ.get(DBDC_PATH, "") or "one"
-    if path not in ("one", "two"):
-        raise ValueError(f"{DBDC_PATH}={path!r}: expected 'one', 'two' or unset (one)")
-    launch = dbdc_two_pass._launch if path == "two" else chunk_state_scan_bwd_dbdc._launch
+    """dB and dC on the path `two_pass_dbdc` (or DBDC_PATH) picks, as `chunk_state_scan_bwd_dbdc._launch`."""
+    path = os.environ.get(DBDC_PATH, "")
+    if path not in ("", "one", "two"):
+        raise ValueError(f"{DBDC_PATH}={path!r}: expected 'one', 'two' or unset (the shape's rule)")
+    two = two_pass_dbdc(B.shape[3]) if not path else path == "two"
+    launch = dbdc_two_pass._launch if two else chunk_state_scan_bwd_dbdc._launch
     return launch(dy, z, x, B, C, dt, dA_cumsum, prev_states, dstates, seq_idx, rows, cb)
 
 

@@ -23,8 +23,10 @@ Here:
 
 The cost is memory: S (runs x batch x ngroups x seqlen x chunk_size in the inputs' dtype,
 67 MB at Mamba2-2.7B, batch 2, seqlen 8192) and the state partials in fp32, written once and
-read once. Whether it pays is a measurement (`scripts/dbdc_paths.py`); until then the
-backward runs the one-kernel form unless MAMBA_TUNE_SSD_DBDC=two.
+read once. It pays where the one kernel repeats most: at dstate 256 (Nemotron-H 47B on the
+H200, 4.06 ms on the defaults against the one kernel's 5.19 ms tuned, and mamba-ssm's 4.09 ms);
+at dstate <= 128 the one kernel is faster (`combined.two_pass_dbdc` has the figures and picks
+the path per shape).
 
 Order: Helion kernels -> host launcher -> runtime declarations.
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import bwd_partials
+from autotune_cli.kernel_keys import bwd_partials, dbdc_head_runs
 from autotune_cli.reference import ssd_chunked_grads, ssd_recurrent_ref
 from autotune_cli.tuning import get
 from autotune_cli.tuning.ssd.inputs import SSDInputs
@@ -29,14 +29,14 @@ SHAPES = [
     pytest.param((2, 37, 6, 20, 3, 24, 16), id="L37-Q16-G3-P20-N24"),  # odd sizes, 3 groups
 ]
 STAGES = ["ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
-          "ssd_chunk_cumsum_bwd"]
+          "ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc", "ssd_chunk_cumsum_bwd"]
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
 
 def _dims(shape: tuple[int, ...], **flags: int) -> dict[str, int]:
     b, L, H, P, G, N, Q = shape
     return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
-            **bwd_partials(P, N), **flags}
+            **bwd_partials(P, N), "runs": dbdc_head_runs(b, -(-L // Q), G, H), **flags}
 
 
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,7 +1,7 @@
 """dB and dC in two passes (`mamba_tune.ssd.dbdc_two_pass`: each dCB tile computed once, through a
 head-summed buffer) against the one kernel (`chunk_state_scan_bwd_dbdc`) and the fp32 reference,
 in Helion ref mode on the CPU; its two kernels lowered to Triton at real sizes; the switch
-(MAMBA_TUNE_SSD_DBDC) through the autograd drop-in.
+(MAMBA_TUNE_SSD_DBDC) through the autograd drop-in; the shape rule mirrored where `plan` reads it.
 
 Torch.empty returns NaN here (nan_empty): S is written only where j <= l, so a read of an
 unwritten entry shows as NaN in dB or dC.
@@ -9,6 +9,7 @@ unwritten entry shows as NaN in dB or dC.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -131,8 +132,36 @@ def test_the_switch_runs_the_two_passes_in_the_autograd_backward(monkeypatch):
     again = _grads(monkeypatch, "two", torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
     monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC", "three")
-    with pytest.raises(ValueError, match=r"MAMBA_TUNE_SSD_DBDC='three': expected 'one', 'two'"):
+    with pytest.raises(ValueError, match=r"MAMBA_TUNE_SSD_DBDC='three': expected 'one', 'two' or unset"):
         _grads(monkeypatch, "three", torch.float32)
+
+
+def test_the_rule_and_the_head_runs_are_mirrored_in_the_key_records():
+    """combined.two_pass_dbdc and head_splits agree with kernel_keys' torch-free copies (what
+    `plan` lists), and the rule takes the two passes where they measured faster: dstate 256."""
+    from autotune_cli import kernel_keys
+    from mamba_tune.ssd import combined
+
+    for dstate in (8, 16, 64, 128, 192, 256, 512):
+        assert kernel_keys.two_pass_dbdc(dstate) == combined.two_pass_dbdc(dstate), dstate
+    assert [combined.two_pass_dbdc(n) for n in (64, 128, 256)] == [False, False, True]
+    for batch, nchunks, ngroups, nheads in itertools.product((1, 2, 8), (1, 3, 32, 64, 256), (1, 2, 8), (8, 24, 80, 256)):
+        if nheads % ngroups == 0:
+            got = kernel_keys.dbdc_head_runs(batch, nchunks, ngroups, nheads)
+            assert got == one.head_splits(batch, nchunks, ngroups, nheads), (batch, nchunks, ngroups, nheads)
+
+
+def test_plan_lists_the_path_the_rule_runs():
+    """At dstate 256 (Nemotron-H 47B) the keys are the two passes', elsewhere the one kernel's."""
+    from autotune_cli.kernel_keys import ModelShape, all_keys
+
+    keys = all_keys()
+    names = ("ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc")
+    h47 = ModelShape(batch=2, seqlen=8192, nheads=256, headdim=64, ngroups=8, dstate=256, chunk_size=128)
+    nano = ModelShape(batch=2, seqlen=8192, nheads=64, headdim=64, ngroups=8, dstate=128, chunk_size=128)
+    assert [keys[n].dims_for(h47) is None for n in names] == [True, False, False]
+    assert keys["ssd_bmm_bwd_dbdc"].dims_for(h47)["runs"] == one.head_splits(2, 64, 8, 256)
+    assert [keys[n].dims_for(nano) is None for n in names] == [False, True, True]
 
 
 _LOWER = r"""

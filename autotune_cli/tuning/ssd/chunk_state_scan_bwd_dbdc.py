@@ -6,14 +6,11 @@ from typing import Any
 
 import torch
 
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.kernel_keys import all_keys
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
 from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
@@ -57,7 +54,10 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     )
 
 
-def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+def mamba_ssm_dbdc(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int,
+                   bmm: bool = True) -> Baseline | None:
+    """mamba-ssm's kernels for B5-B8 at these dims: dB's and dC's state terms, dCB, (with `bmm`)
+    its two bmm backwards, and without z its ddA pass (None where mamba-ssm is not importable)."""
     found = inputs.mamba_ssm_ops()
     if found is None or device.type != "cuda":
         return None
@@ -73,15 +73,20 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
         dB, _ = cs._chunk_state_bwd_db(i.x, s.dt_out, s.dA_cumsum, dstates, seq_idx=i.seq_idx, B=i.B, ngroups=G)
         dC, _ = sc._chunk_scan_bwd_dC(s.prev_states_lowp, s.dA_cumsum, dout, seq_idx=i.seq_idx, C=i.C, ngroups=G)
         dCB = sc._chunk_scan_bwd_dcb(i.x, s.dt_out, s.dA_cumsum, dout, seq_idx=i.seq_idx, ngroups=G).float()
-        dB2 = bm._bmm_chunk_bwd(i.C, dCB, residual=dB)
-        dC2 = bm._bmm_chunk_bwd(i.B, dCB.transpose(-1, -2), residual=dC)
+        if bmm:
+            dB = bm._bmm_chunk_bwd(i.C, dCB, residual=dB)
+            dC = bm._bmm_chunk_bwd(i.B, dCB.transpose(-1, -2), residual=dC)
         if i.z is not None:
-            return dB2, dC2
+            return dB, dC, dCB
         # Without z ours also adds the chunk terms of dout . y and ddt~: mamba-ssm's ddA pass does
         # that work (it takes both from one set of products; ddt~ it has from its dx kernel too).
-        return dB2, dC2, sc._chunk_scan_bwd_ddAcs_stable(i.x, s.dt_out, s.dA_cumsum, dout, s.cb)
+        return dB, dC, dCB, sc._chunk_scan_bwd_ddAcs_stable(i.x, s.dt_out, s.dA_cumsum, dout, s.cb)
 
     return Baseline(name, fn)
+
+
+def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    return mamba_ssm_dbdc(dims, dtype, device, seed)
 
 
 # block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot].
@@ -93,7 +98,7 @@ _SEEDS = inputs.fixed_seeds([([64, 128, 32, 64], 4, 3), ([64, 64, 32, 64], 4, 3)
 
 SSD_CHUNK_STATE_SCAN_BWD_DBDC = TunableKernel(
     runtime=kernel.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
-    dims_for=_dims_for,
+    dims_for=all_keys()["ssd_chunk_state_scan_bwd_dbdc"].dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,
