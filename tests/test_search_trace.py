@@ -96,6 +96,28 @@ def test_the_bundle_keeps_the_trace_and_reads_bundles_without_it(tmp_path: Path)
     assert load_bundle(path).entries[e.key].search.trace is None
 
 
+def test_show_says_when_each_search_came_within_1pct(tmp_path: Path) -> None:
+    """`mamba-tune show` gives each traced entry's time to within 1% of its best; an entry
+    without a trace shows none."""
+    from typer.testing import CliRunner
+
+    from autotune_cli.app import app
+    from autotune_cli.commands.bundles import _within
+    from mamba_tune.bundle import write_bundle
+
+    e = entry()
+    traced = e.model_copy(update={"search": e.search.model_copy(update={"trace": [(3.0, 0.2), (7.0, 0.1005), (12.0, 0.1)]})})
+    path = tmp_path / "b.json"
+    write_bundle(bundle(traced), path)
+    r = CliRunner().invoke(app, ["show", str(path)])
+    assert r.exit_code == 0, r.output
+    assert "within 1% at" in r.output  # the table may fold the cell after this
+    assert _within(traced.search.trace) == ", within 1% at 7 s"
+    write_bundle(bundle(e), path)
+    r = CliRunner().invoke(app, ["show", str(path)])
+    assert r.exit_code == 0 and "within 1%" not in r.output
+
+
 @pytest.mark.gpu
 def test_a_real_search_leaves_its_trace(capsys: pytest.CaptureFixture[str]) -> None:
     """A quick search of the tiny spec's norm forward on the GPU: the entry's trace comes from
