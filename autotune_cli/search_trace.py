@@ -87,6 +87,13 @@ def seconds_to_within(trace: Sequence[Sequence[float]], pct: float) -> float | N
     return next(float(t) for t, ms in trace if ms <= final * (1 + pct / 100.0))
 
 
+def within_1pct_note(trace: Sequence[Sequence[float]] | None) -> str:
+    """", within 1% at T s" for a table cell: when the search came within 1% of its best
+    (empty without a trace)."""
+    w = seconds_to_within(trace or (), 1.0)
+    return "" if w is None else f", within 1% at {w:.0f} s"
+
+
 def _float(v: str | None) -> float | None:
     try:
         x = float(v) if v not in (None, "") else None

@@ -18,6 +18,7 @@ from autotune_cli.search_trace import (
     frontier,
     read_helion_log,
     seconds_to_within,
+    within_1pct_note,
 )
 
 # (seconds into the search, status, ms, compile seconds), in the order a search logs them.
@@ -102,7 +103,6 @@ def test_show_says_when_each_search_came_within_1pct(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from autotune_cli.app import app
-    from autotune_cli.commands.bundles import _within
     from mamba_tune.bundle import write_bundle
 
     e = entry()
@@ -112,7 +112,7 @@ def test_show_says_when_each_search_came_within_1pct(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["show", str(path)])
     assert r.exit_code == 0, r.output
     assert "within 1% at" in r.output  # the table may fold the cell after this
-    assert _within(traced.search.trace) == ", within 1% at 7 s"
+    assert within_1pct_note(traced.search.trace) == ", within 1% at 7 s"
     write_bundle(bundle(e), path)
     r = CliRunner().invoke(app, ["show", str(path)])
     assert r.exit_code == 0 and "within 1%" not in r.output

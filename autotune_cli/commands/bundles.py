@@ -102,6 +102,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
 ) -> None:
     """Show a bundle's provenance and entries as a table."""
+    from autotune_cli.search_trace import within_1pct_note
     from mamba_tune.bundle import BundleError, dumps_bundle, load_bundle
 
     try:
@@ -128,19 +129,11 @@ def show_command(
             f"{t.default_ms:.4f}", "-" if t.baseline_ms is None else f"{t.baseline_ms:.4f}",
             f"{e.speedup.vs_default:.2f}x", "-" if e.speedup.vs_baseline is None else f"{e.speedup.vs_baseline:.2f}x",
             "-" if t.gbps is None else f"{t.gbps:.0f}",
-            f"{s.algorithm}/{s.effort} {s.configs_tried or '?'} cfgs {s.seconds:.0f}s{_within(s.trace)}",
+            f"{s.algorithm}/{s.effort} {s.configs_tried or '?'} cfgs {s.seconds:.0f}s{within_1pct_note(s.trace)}",
         )))
     out.print(table)
     for key, f in bundle.failures.items():
         out.print(f"[red]failed[/] {escape(f'{key}: {f.reason}')}")
-
-
-def _within(trace: list[tuple[float, float]] | None) -> str:
-    """", within 1% at T s" from the entry's search trace (empty without one)."""
-    from autotune_cli.search_trace import seconds_to_within
-
-    w = seconds_to_within(trace or (), 1.0)
-    return "" if w is None else f", within 1% at {w:.0f} s"
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autotune_cli.search_trace import seconds_to_within
+from autotune_cli.search_trace import within_1pct_note
 from mamba_tune.bundle import Bundle, Entry
 
 
@@ -115,11 +115,6 @@ def plot_search(kernel: str, entries: list[Entry], gpu_name: str, path: Path) ->
     fig.savefig(path)
 
 
-def _within(e: Entry) -> str:
-    w = seconds_to_within(e.search.trace or [], 1.0)
-    return "" if w is None else f", within 1% at {w:.0f} s"
-
-
 def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -174,7 +169,7 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
                 f"{'-' if t.baseline_ms is None else f'{t.baseline_ms:.4f}'} | {_x(e.speedup.vs_default)} | "
                 f"{_x(e.speedup.vs_baseline)} | {'-' if t.gbps is None else f'{t.gbps:.0f}'} | "
                 f"{'-' if t.tflops is None else f'{t.tflops:.1f}'} | "
-                f"{s.algorithm}/{s.effort}, {s.configs_tried or '?'} configs, {s.seconds:.0f} s{_within(e)} |")
+                f"{s.algorithm}/{s.effort}, {s.configs_tried or '?'} configs, {s.seconds:.0f} s{within_1pct_note(s.trace)} |")
         lines.append("")
     if bundle.failures:
         lines += ["## Failures", "", "| entry | reason |", "|---|---|"]
