@@ -13,6 +13,35 @@ from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
 
 
+def rows_buffer(s: bwd_inputs.StageInputs) -> torch.Tensor | None:
+    """The dx kernel's fp32 sums that B5-B8 add ddt~'s chunk term and dout . y to, zeroed; None
+    with z (then they add nothing)."""
+    i = s.inp
+    if i.z is not None:
+        return None
+    b, _, H, P = i.x.shape
+    return torch.zeros(3, dx_kernel.row_slots(P, i.C.shape[3]), b, H, s.dt_out.shape[2] * s.dt_out.shape[3],
+                       device=i.x.device)
+
+
+def reference(s: bwd_inputs.StageInputs, rows: torch.Tensor | None, lowp: bool) -> dict[str, torch.Tensor]:
+    """dB, dC (and with rows their two sums) by autograd through the stage reference."""
+    g = s.stage_grads(lowp)
+    out = {"dB": g["B"].float(), "dC": g["C"].float()}
+    if rows is not None:  # fp32 from the low-precision inputs either way: the bound is atol
+        terms = s.dbdc_sum_terms()
+        out["ddt_chunk"], out["dout_y"] = terms[0], terms[1]
+    return out
+
+
+def with_rows(out: dict[str, torch.Tensor], rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """`out` with the two sums the kernel added to rows (as `reference` names them)."""
+    if rows is not None:
+        r = rows.sum(1)
+        out["ddt_chunk"], out["dout_y"] = r[0], r[2]
+    return out
+
+
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     s = bwd_inputs.StageInputs.make(dims, dtype, device, seed)
     i = s.inp
@@ -21,31 +50,19 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     # Without z the kernel also adds ddt~'s chunk term and dout . y to the dx kernel's sums (checked below).
     b, L, H, P = i.x.shape
     G, N = i.C.shape[2], i.C.shape[3]
-    rows = None if i.z is not None else torch.zeros(3, dx_kernel.row_slots(P, N), b, H,
-                                                    s.dt_out.shape[2] * s.dt_out.shape[3], device=device)
+    rows = rows_buffer(s)
     args = (dB_part, dC_part, s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
             i.seq_idx, rows, None if rows is None else s.cb)
 
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.stage_grads(lowp)
-        out = {"dB": g["B"].float(), "dC": g["C"].float()}
-        if rows is not None:  # fp32 from the low-precision inputs either way: the bound is atol
-            terms = s.dbdc_sum_terms()
-            out["ddt_chunk"], out["dout_y"] = terms[0], terms[1]
-        return out
-
     def outputs(res: Any) -> dict[str, torch.Tensor]:
-        out = {"dB": kernel.sum_splits(res[0], i.x.dtype).float(), "dC": kernel.sum_splits(res[1], i.x.dtype).float()}
-        if rows is not None:
-            r = rows.sum(1)
-            out["ddt_chunk"], out["dout_y"] = r[0], r[2]
-        return out
+        return with_rows({"dB": kernel.sum_splits(res[0], i.x.dtype).float(),
+                          "dC": kernel.sum_splits(res[1], i.x.dtype).float()}, rows)
 
     e = i.x.element_size()
     return Problem(
         args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
+        reference=lambda: reference(s, rows, False),
+        lowp_reference=lambda: reference(s, rows, True),
         outputs=outputs,
         reset=None if rows is None else rows.zero_,
         bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + 2 * i.C.numel()) * e + 2 * dstates.numel() * e

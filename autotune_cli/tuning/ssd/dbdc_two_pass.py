@@ -17,7 +17,12 @@ import torch
 from autotune_cli.kernel_keys import all_keys
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
-from autotune_cli.tuning.ssd.chunk_state_scan_bwd_dbdc import mamba_ssm_dbdc
+from autotune_cli.tuning.ssd.chunk_state_scan_bwd_dbdc import (
+    mamba_ssm_dbdc,
+    reference,
+    rows_buffer,
+    with_rows,
+)
 from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
 from mamba_tune.ssd import dbdc_two_pass as kernel
 
@@ -57,30 +62,18 @@ def _make_dcb_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
     dB_state = torch.empty((runs, b, L, G, N), dtype=torch.float32, device=device)
     dC_state = torch.empty_like(dB_state)
     # Without z the pass also adds ddt~'s chunk term and dout . y to the dx kernel's sums (checked below).
-    rows = None if i.z is not None else torch.zeros(3, dx_kernel.row_slots(P, N), b, H, nc * Q, device=device)
+    rows = rows_buffer(s)
     args = (S, dB_state, dC_state, s.dy, i.z, i.x, i.C.to(i.x.dtype), s.dt_out, s.dA_cumsum, s.prev_states_lowp,
             s.dstates_lowp, i.seq_idx, rows, None if rows is None else s.cb)
 
-    def ref(lowp: bool) -> dict[str, torch.Tensor]:
-        g = s.stage_grads(lowp)
-        out = {"dB": g["B"].float(), "dC": g["C"].float()}
-        if rows is not None:
-            terms = s.dbdc_sum_terms()
-            out["ddt_chunk"], out["dout_y"] = terms[0], terms[1]
-        return out
-
     def outputs(res: Any) -> dict[str, torch.Tensor]:
-        out = second_pass(res[0], res[1], res[2], i.B, i.C, torch.float32)
-        if rows is not None:
-            r = rows.sum(1)
-            out["ddt_chunk"], out["dout_y"] = r[0], r[2]
-        return out
+        return with_rows(second_pass(res[0], res[1], res[2], i.B, i.C, torch.float32), rows)
 
     e = i.x.element_size()
     return Problem(
         args=args,
-        reference=lambda: ref(False),
-        lowp_reference=lambda: ref(True),
+        reference=lambda: reference(s, rows, False),
+        lowp_reference=lambda: reference(s, rows, True),
         outputs=outputs,
         reset=None if rows is None else rows.zero_,
         bytes_moved=(i.x.numel() * (2 + (i.z is not None)) + i.C.numel()) * e + 2 * s.dstates_lowp.numel() * e
