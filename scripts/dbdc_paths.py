@@ -48,12 +48,12 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     tk = get("ssd_chunk_state_scan_bwd_dbdc")
     dims = tk.dims_for(shape)
     problem = tk.make_problem(dims, torch.bfloat16, dev, 0)
-    _dBp, _dCp, dy, z, x, B, C, dt, dA, prev, ds, seq_idx, rows, cb = problem.args
+    _dBp, _dCp, dy, z, x, B, C, dt, dA, prev, ds, seq_idx, rows, cb, _sides = problem.args
     inputs = (dy, z, x, B, C, dt, dA, prev, ds, seq_idx)
     before = set(runtime.resolutions())
 
     def check(launch) -> str:  # noqa: ANN001 - the tuner's check (2x eager bf16's error + atol), each output
-        dB, dC = problem.run(lambda *args: launch(*args[2:]))  # the rows' sums start from zero
+        dB, dC = problem.run(lambda *args: launch(*args[2:14]))  # the rows' sums start from zero
         acc = check_accuracy(problem, (dB[None], dC[None]), Tolerance(atol=0.01, factor=2.0))
         errs = ", ".join(f"{k} {v:.3g} (bound {acc.bound[k]:.3g})" for k, v in acc.max_abs_err.items())
         return f"{'ok' if acc.passed else 'FAILED'}: {errs}"

@@ -49,7 +49,7 @@ def test_a_preset_that_raises_does_not_stop_the_others(monkeypatch, capsys):
     assert pa.run_per_preset(["nope"], [], "prog", one) == 2
 
 
-@pytest.mark.parametrize("script", ["dbdc_paths.py", "state_passing_bwd_paths.py"])
+@pytest.mark.parametrize("script", ["dbdc_paths.py", "dbdc_sides.py", "state_passing_bwd_paths.py"])
 def test_scripts_without_a_gpu_say_so(script):
     import subprocess
     import sys

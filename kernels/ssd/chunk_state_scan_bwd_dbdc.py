@@ -41,6 +41,7 @@ Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,12 +71,14 @@ def chunk_state_scan_bwd_dbdc_kernel(
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int
     rows: torch.Tensor | None,  # the dx kernel's (3, slots, batch, nheads, nchunks * chunk_size) fp32 sums
     cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, with rows
+    sides_n: int,  # 1: one program takes dC then dB; 2: one program for each (`sides`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     ngroups = C.size(2)
     dstate = C.size(3)
     nchunks = dt.size(2)
     chunk_size = hl.specialize(dt.size(3))
+    sides = hl.specialize(sides_n)
     heads_per_group = nheads // ngroups
     splits = dB.size(0)
     heads_per_split = (heads_per_group + splits - 1) // splits
@@ -85,8 +88,8 @@ def chunk_state_scan_bwd_dbdc_kernel(
     block_n = hl.register_block_size(max(16, min(SLOT_N, dstate & -dstate)), dstate)  # slot_block(dstate, SLOT_N)
     block_k = hl.register_block_size(16, chunk_size)
     block_q = hl.register_block_size(16, headdim)
-    for tile_gs, tile_m, tile_n, tile_b in hl.tile(
-        [ngroups * splits, seqlen, dstate, batch], block_size=[1, block_m, block_n, 1]
+    for tile_s, tile_gs, tile_m, tile_n, tile_b in hl.tile(
+        [sides, ngroups * splits, seqlen, dstate, batch], block_size=[1, 1, block_m, block_n, 1]
     ):
         b = tile_b.begin
         g = tile_gs.begin // splits
@@ -101,91 +104,100 @@ def chunk_state_scan_bwd_dbdc_kernel(
             seq_m = seq_idx[b, tile_m]
             seq_prev = hl.load(seq_idx, [b, max(c0, 1) - 1]) * min(c, 1)
             seq_last = hl.load(seq_idx, [b, c_end - 1])
-        acc_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        acc_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        if rows is not None:
-            c_mn = C[b, tile_m, g, tile_n].to(torch.float32)
-        # The state terms, head by head.
-        for tile_h in hl.tile(h0, h1, block_size=1):
-            h = tile_h.begin
-            dA_m = dA_pos[b, h, tile_m]
-            scale_m = torch.exp(dA_m)
-            weight_m = torch.exp(torch.clamp(dA_cumsum[b, h, c, chunk_size - 1] - dA_m, max=0.0)) * dt_pos[b, h, tile_m]
-            if seq_idx is not None:
-                scale_m = torch.where(seq_m == seq_prev, scale_m, 0.0)
-                weight_m = torch.where((seq_m == seq_last) & (seq_last >= 0), weight_m, 0.0)
-            t_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-            t_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-            for tile_q in hl.tile(headdim, block_size=block_q):
-                dout = dy[b, tile_m, h, tile_q]
-                if z is not None:
-                    zv = z[b, tile_m, h, tile_q].to(torch.float32)
-                    dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
-                t_c = hl.dot(dout, prev_states[b, c, h, tile_q, tile_n], acc=t_c)
-                t_b = hl.dot(x[b, tile_m, h, tile_q], dstates[b, c, h, tile_q, tile_n], acc=t_b)
-            acc_c = acc_c + t_c * scale_m[:, None]
-            acc_b = acc_b + t_b * weight_m[:, None]
+        if tile_s.begin == 0:
+            # dC: its state term head by head, then dCB rows of this block against B.
+            acc_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
             if rows is not None:
-                # dout_l . y_l's state term over this dstate block, into its own slot.
-                hl.atomic_add(rows, [2, tile_n.id, b, h, tile_m], torch.sum(t_c * c_mn, dim=1) * scale_m)
-        # dC: dCB rows of this block against B, columns c0 .. the block's last row.
-        for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
-            dcb = hl.zeros([tile_m, tile_k], dtype=torch.float32)
-            keep = tile_m.index[:, None] >= tile_k.index[None, :]
-            if seq_idx is not None:
-                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
-            if rows is not None:
-                # dout_l . y_l's chunk term per head: sum_j CB[l, j] (dout_l . x_j) exp(dA_l - dA_j)
-                # dt~_j, the head's dCB addend times CB, all fp32. Only the first dstate block's
-                # program adds it (the others add zeros); its k steps add in program order.
-                cb_k = torch.where(keep, cb[b, c, g, tile_m.index - c0, tile_k.index - c0], 0.0)
-                cb_k = cb_k * (1 - min(tile_n.begin, 1))
+                c_mn = C[b, tile_m, g, tile_n].to(torch.float32)
             for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
-                w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                scale_m = torch.exp(dA_pos[b, h, tile_m])
+                if seq_idx is not None:
+                    scale_m = torch.where(seq_m == seq_prev, scale_m, 0.0)
+                t_c = hl.zeros([tile_m, tile_n], dtype=torch.float32)
                 for tile_q in hl.tile(headdim, block_size=block_q):
                     dout = dy[b, tile_m, h, tile_q]
                     if z is not None:
                         zv = z[b, tile_m, h, tile_q].to(torch.float32)
                         dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
-                    w = hl.dot(dout, x[b, tile_k, h, tile_q].T, acc=w)
-                decay = torch.exp(torch.clamp(dA_pos[b, h, tile_m][:, None] - dA_pos[b, h, tile_k][None, :], max=0.0))
-                part = w * decay * dt_pos[b, h, tile_k][None, :]
-                dcb = dcb + part
+                    t_c = hl.dot(dout, prev_states[b, c, h, tile_q, tile_n], acc=t_c)
+                acc_c = acc_c + t_c * scale_m[:, None]
                 if rows is not None:
-                    hl.atomic_add(rows, [2, 0, b, h, tile_m], torch.sum(cb_k * part, dim=1))
-            dcb = torch.where(keep, dcb, 0.0)
-            acc_c = hl.dot(dcb.to(x.dtype), B[b, tile_k, g, tile_n], acc=acc_c)
-        # dB: dCB columns of this block against C, rows the block's first row .. the chunk's end.
-        for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):
-            dcb_t = hl.zeros([tile_m, tile_k], dtype=torch.float32)
-            keep = tile_k.index[None, :] >= tile_m.index[:, None]
-            if seq_idx is not None:
-                keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
-            if rows is not None:
-                # ddt~_j's chunk term per head (j: this block's rows): sum_{l >= j} CB[l, j]
-                # (x_j . dout_l) exp(dA_l - dA_j), the transposed addend before its dt~_j factor.
-                cb_t = torch.where(keep, cb[b, c, g, tile_k.index - c0, tile_m.index - c0].T, 0.0)
-                cb_t = cb_t * (1 - min(tile_n.begin, 1))
+                    # dout_l . y_l's state term over this dstate block, into its own slot.
+                    hl.atomic_add(rows, [2, tile_n.id, b, h, tile_m], torch.sum(t_c * c_mn, dim=1) * scale_m)
+            # Columns c0 .. the block's last row.
+            for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
+                dcb = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                keep = tile_m.index[:, None] >= tile_k.index[None, :]
+                if seq_idx is not None:
+                    keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
+                if rows is not None:
+                    # dout_l . y_l's chunk term per head: sum_j CB[l, j] (dout_l . x_j) exp(dA_l - dA_j)
+                    # dt~_j, the head's dCB addend times CB, all fp32. Only the first dstate block's
+                    # program adds it (the others add zeros); its k steps add in program order.
+                    cb_k = torch.where(keep, cb[b, c, g, tile_m.index - c0, tile_k.index - c0], 0.0)
+                    cb_k = cb_k * (1 - min(tile_n.begin, 1))
+                for tile_h in hl.tile(h0, h1, block_size=1):
+                    h = tile_h.begin
+                    w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                    for tile_q in hl.tile(headdim, block_size=block_q):
+                        dout = dy[b, tile_m, h, tile_q]
+                        if z is not None:
+                            zv = z[b, tile_m, h, tile_q].to(torch.float32)
+                            dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
+                        w = hl.dot(dout, x[b, tile_k, h, tile_q].T, acc=w)
+                    decay = torch.exp(torch.clamp(dA_pos[b, h, tile_m][:, None] - dA_pos[b, h, tile_k][None, :],
+                                                  max=0.0))
+                    part = w * decay * dt_pos[b, h, tile_k][None, :]
+                    dcb = dcb + part
+                    if rows is not None:
+                        hl.atomic_add(rows, [2, 0, b, h, tile_m], torch.sum(cb_k * part, dim=1))
+                dcb = torch.where(keep, dcb, 0.0)
+                acc_c = hl.dot(dcb.to(x.dtype), B[b, tile_k, g, tile_n], acc=acc_c)
+            dC[sp, b, tile_m, g, tile_n] = acc_c.to(dC.dtype)
+        if tile_s.begin == sides - 1:
+            # dB: its state term head by head, then dCB columns of this block against C.
+            acc_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
             for tile_h in hl.tile(h0, h1, block_size=1):
                 h = tile_h.begin
-                w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                dA_m = dA_pos[b, h, tile_m]
+                weight_m = torch.exp(torch.clamp(dA_cumsum[b, h, c, chunk_size - 1] - dA_m, max=0.0)) * dt_pos[b, h, tile_m]
+                if seq_idx is not None:
+                    weight_m = torch.where((seq_m == seq_last) & (seq_last >= 0), weight_m, 0.0)
+                t_b = hl.zeros([tile_m, tile_n], dtype=torch.float32)
                 for tile_q in hl.tile(headdim, block_size=block_q):
-                    dout = dy[b, tile_k, h, tile_q]
-                    if z is not None:
-                        zv = z[b, tile_k, h, tile_q].to(torch.float32)
-                        dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
-                    w = hl.dot(x[b, tile_m, h, tile_q], dout.T, acc=w)
-                dt_m = dt_pos[b, h, tile_m]
-                decay = torch.exp(torch.clamp(dA_pos[b, h, tile_k][None, :] - dA_pos[b, h, tile_m][:, None], max=0.0))
-                part_t = w * decay
-                dcb_t = dcb_t + part_t * dt_m[:, None]
+                    t_b = hl.dot(x[b, tile_m, h, tile_q], dstates[b, c, h, tile_q, tile_n], acc=t_b)
+                acc_b = acc_b + t_b * weight_m[:, None]
+            # Rows the block's first row .. the chunk's end.
+            for tile_k in hl.tile(tile_m.begin, c_end, block_size=block_k):
+                dcb_t = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                keep = tile_k.index[None, :] >= tile_m.index[:, None]
+                if seq_idx is not None:
+                    keep = keep & (seq_m[:, None] == seq_idx[b, tile_k][None, :])
                 if rows is not None:
-                    hl.atomic_add(rows, [0, 0, b, h, tile_m], torch.sum(cb_t * part_t, dim=1))
-            dcb_t = torch.where(keep, dcb_t, 0.0)
-            acc_b = hl.dot(dcb_t.to(x.dtype), C[b, tile_k, g, tile_n], acc=acc_b)
-        dB[sp, b, tile_m, g, tile_n] = acc_b.to(dB.dtype)
-        dC[sp, b, tile_m, g, tile_n] = acc_c.to(dC.dtype)
+                    # ddt~_j's chunk term per head (j: this block's rows): sum_{l >= j} CB[l, j]
+                    # (x_j . dout_l) exp(dA_l - dA_j), the transposed addend before its dt~_j factor.
+                    cb_t = torch.where(keep, cb[b, c, g, tile_k.index - c0, tile_m.index - c0].T, 0.0)
+                    cb_t = cb_t * (1 - min(tile_n.begin, 1))
+                for tile_h in hl.tile(h0, h1, block_size=1):
+                    h = tile_h.begin
+                    w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                    for tile_q in hl.tile(headdim, block_size=block_q):
+                        dout = dy[b, tile_k, h, tile_q]
+                        if z is not None:
+                            zv = z[b, tile_k, h, tile_q].to(torch.float32)
+                            dout = (dout.to(torch.float32) * zv * torch.sigmoid(zv)).to(x.dtype)
+                        w = hl.dot(x[b, tile_m, h, tile_q], dout.T, acc=w)
+                    dt_m = dt_pos[b, h, tile_m]
+                    decay = torch.exp(torch.clamp(dA_pos[b, h, tile_k][None, :] - dA_pos[b, h, tile_m][:, None],
+                                                  max=0.0))
+                    part_t = w * decay
+                    dcb_t = dcb_t + part_t * dt_m[:, None]
+                    if rows is not None:
+                        hl.atomic_add(rows, [0, 0, b, h, tile_m], torch.sum(cb_t * part_t, dim=1))
+                dcb_t = torch.where(keep, dcb_t, 0.0)
+                acc_b = hl.dot(dcb_t.to(x.dtype), C[b, tile_k, g, tile_n], acc=acc_b)
+            dB[sp, b, tile_m, g, tile_n] = acc_b.to(dB.dtype)
     return dB, dC
 
 
@@ -203,6 +215,20 @@ def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
     want = min(heads_per_group, max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups))))
     per_run = -(-heads_per_group // want)
     return -(-heads_per_group // per_run)
+
+
+# The backward's dB/dC kernel runs dC and dB in one program (1) or one program each (2): with
+# two, a program holds one fp32 accumulator instead of two and there are twice as many. This
+# variable ("1" or "2") overrides `sides`' rule.
+SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
+
+
+def sides(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
+    """Programs per (chunk block, group, head run, dstate block): 1 takes dC then dB, 2 one each."""
+    path = os.environ.get(SIDES_VAR, "")
+    if path not in ("", "1", "2"):
+        raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (the shape's rule)")
+    return int(path) if path else 1
 
 
 def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,7 +252,8 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     chunk term to the dx kernel's rows when given (with cb; see the module docstring)."""
     dB_part, dC_part = out_buffers(x, B, dt.shape[2])
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
-            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb)
+            prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb,
+            sides(x.shape[0], dt.shape[2], B.shape[2], x.shape[2]))
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
     return sum_splits(dB_part, x.dtype), sum_splits(dC_part, x.dtype)
 
@@ -237,7 +264,7 @@ DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _rows, _cb = args
+    _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _rows, _cb, _sides = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_z": int(z is not None),

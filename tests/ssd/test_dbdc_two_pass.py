@@ -91,7 +91,7 @@ def test_two_passes_within_the_stage_bound_in_bf16(shape, flags, ssd_ref_mode):
     dims = {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
             **bwd_partials(P, N), "has_z": flags, "has_seq_idx": flags}
     problem = tk.make_problem({k: v for k, v in dims.items() if k in tk.dims}, torch.bfloat16, torch.device("cpu"), 0)
-    _dBp, _dCp, *inputs, rows, cb = problem.args
+    _dBp, _dCp, *inputs, rows, cb, _sides = problem.args
     dB, dC = two._launch(*inputs, rows, cb)
     outputs = {"dB": dB.float(), "dC": dC.float()}
     if rows is not None:
