@@ -35,6 +35,11 @@ and dC that it sums over the runs in a fixed order (mamba-ssm splits its heads b
 adds the partials with torch too). With one run (Nemotron's 8-head groups) the program writes
 dB and dC in the inputs' dtype as before.
 
+dC and dB are two branches of the program: one program runs both in turn (`sides` 1), or the
+grid doubles and each program runs one (2: the rule's choice where the heads are split into
+runs). The branches' sums are the same either way, so are the outputs, bitwise; with one fp32
+accumulator live at a time instead of two, 4 warps beat 8 (the default).
+
 Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
 `autotune_cli/tuning/ssd/`).
 """
@@ -217,18 +222,23 @@ def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
     return -(-heads_per_group // per_run)
 
 
-# The backward's dB/dC kernel runs dC and dB in one program (1) or one program each (2): with
-# two, a program holds one fp32 accumulator instead of two and there are twice as many. This
-# variable ("1" or "2") overrides `sides`' rule.
+# dC and dB in one program (sides 1) or in one program each (2: each holds one fp32 accumulator
+# instead of two, and there are twice as many). This variable ("1" or "2") overrides `sides`.
 SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
 
 
 def sides(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
-    """Programs per (chunk block, group, head run, dstate block): 1 takes dC then dB, 2 one each."""
+    """Programs per (chunk rows, group, head run, dstate block): 2 where the group's heads are
+    split into runs (few (chunk, group) pairs: one group of 80 heads in Mamba2 / Zamba2), else
+    1. Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `scripts/dbdc_sides.py`,
+    the kernel alone at its best of six configs, 8 head runs; sides 1 / 2 / mamba-ssm's kernels
+    for that work, ms): Mamba2-2.7B 0.916 / 0.844 / 1.184, Zamba2-2.7B 0.785 / 0.735 / 1.082."""
     path = os.environ.get(SIDES_VAR, "")
     if path not in ("", "1", "2"):
         raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (the shape's rule)")
-    return int(path) if path else 1
+    if path:
+        return int(path)
+    return 2 if head_splits(batch, nchunks, ngroups, nheads) > 1 else 1
 
 
 def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,10 +281,12 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_seq_idx": int(seq_idx is not None)}
 
 
-# Default (no tuned entry): two 64 x dstate fp32 accumulators per program want 8 warps; the
-# 64-wide k step with 3 stages is both Nano entries' config (the earlier 32-wide step with 2
-# stages was 1.6x slower than it on the H200).
-_DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 8, 3)
+# Default (no tuned entry): 64 rows, all of dstate up to 128, 64-wide k steps, 4 warps, 3 stages.
+# With dC and dB in branches one accumulator is live at a time, and 4 warps beat 8 at Mamba2 and
+# Zamba2 on the H200 (2026-12-03, `scripts/dbdc_sides.py`: 0.916 / 1.157 ms and 0.785 / 1.080
+# ms at one side; 0.844 / 1.121 and 0.735 / 1.087 at two). Before the branches two
+# accumulators wanted 8 warps, and the 32-wide k step with 2 stages was 1.6x slower.
+_DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 4, 3)
 
 
 SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(

@@ -108,8 +108,9 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 
 # block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot].
 # The dstate block starts at the least the kernel registers (`slot_block`).
-_SEEDS = inputs.fixed_seeds([([64, 128, 32, 64], 4, 3), ([64, 64, 32, 64], 4, 3), ([32, 128, 32, 64], 4, 3),
-                             ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2), ([32, 64, 32, 32], 4, 3)],
+_SEEDS = inputs.fixed_seeds([([64, 128, 64, 64], 4, 3), ([64, 128, 32, 64], 4, 3), ([64, 64, 64, 64], 4, 3),
+                             ([32, 128, 32, 64], 4, 3), ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2),
+                             ([32, 64, 32, 32], 4, 3)],
                             least=lambda d: {1: dx_kernel.slot_block(d["dstate"], dx_kernel.SLOT_N)})
 
 
