@@ -36,8 +36,7 @@ adds the partials with torch too). With one run (Nemotron's 8-head groups) the p
 dB and dC in the inputs' dtype as before.
 
 dC and dB are two branches of the program: one program runs both in turn (`sides` 1), or the
-grid doubles and each program runs one (2: the rule's choice where the heads are split into
-runs). The branches' sums are the same either way, so are the outputs, bitwise; with one fp32
+grid doubles and each program runs one (2: the default, faster at every shape measured). The branches' sums are the same either way, so are the outputs, bitwise; with one fp32
 accumulator live at a time instead of two, 4 warps beat 8 (the default).
 
 Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
@@ -228,17 +227,17 @@ SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
 
 
 def sides(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
-    """Programs per (chunk rows, group, head run, dstate block): 2 where the group's heads are
-    split into runs (few (chunk, group) pairs: one group of 80 heads in Mamba2 / Zamba2), else
-    1. Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `scripts/dbdc_sides.py`,
-    the kernel alone at its best of six configs, 8 head runs; sides 1 / 2 / mamba-ssm's kernels
-    for that work, ms): Mamba2-2.7B 0.916 / 0.844 / 1.184, Zamba2-2.7B 0.785 / 0.735 / 1.082."""
+    """Programs per (chunk rows, group, head run, dstate block): 2, one for dC and one for dB, at
+    every shape measured. On the H200 (2026-12-03, bf16, batch 2, seqlen 8192,
+    `scripts/dbdc_sides.py`, the kernel alone at its best of five configs, on the rule's head
+    runs; sides 1 / 2 / mamba-ssm's kernels for that work, ms): Mamba2-2.7B 0.916 / 0.844 /
+    1.184, Zamba2-2.7B 0.785 / 0.735 / 1.082, Falcon-H1-0.5B 0.221 / 0.204 / 0.630,
+    Nemotron-3 Nano TP1 (one run) 0.659 / 0.515 / 1.079. The dims stay in the signature for a
+    shape rule, as `head_splits` has."""
     path = os.environ.get(SIDES_VAR, "")
     if path not in ("", "1", "2"):
         raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (the shape's rule)")
-    if path:
-        return int(path)
-    return 2 if head_splits(batch, nchunks, ngroups, nheads) > 1 else 1
+    return int(path) if path else 2
 
 
 def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
