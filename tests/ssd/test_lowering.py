@@ -14,6 +14,7 @@ processes without HELION_INTERPRET (one per core the test has: tests/conftest.py
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -88,11 +89,19 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
 
 @pytest.fixture(scope="module")
 def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dict[str, Any]]:
+    # pytest sets a module fixture up again when pytest-xdist runs another module's test between
+    # this module's (CI lowered every case twice, 85-125 s each): lower once per process.
+    return _lower_cases(tuple(sorted(clean_env.items())), lowering_processes)
+
+
+@functools.cache
+def _lower_cases(env_items: tuple[tuple[str, str], ...], n: int) -> dict[str, dict[str, Any]]:
+    clean_env = dict(env_items)
+
     def run(part: list[tuple[str, str, dict[str, int], str]]) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(part), capture_output=True,
                               text=True, env=clean_env, timeout=900)
 
-    n = lowering_processes
     with ThreadPoolExecutor(max_workers=n) as pool:
         done = list(pool.map(run, [CASES[i::n] for i in range(n)]))
     results: dict[str, dict[str, Any]] = {}

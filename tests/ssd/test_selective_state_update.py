@@ -16,6 +16,7 @@ against the fp32 reference.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -417,6 +418,13 @@ for case_id, dims, dtype in json.loads(sys.stdin.read()):
 
 @pytest.fixture(scope="module")
 def lowered() -> dict[str, dict[str, Any]]:
+    # pytest sets a module fixture up again when pytest-xdist runs another module's test between
+    # this module's (CI lowered every case twice, about 40 s each): lower once per process.
+    return _lower_cases()
+
+
+@functools.cache
+def _lower_cases() -> dict[str, dict[str, Any]]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
