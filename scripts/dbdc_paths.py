@@ -30,14 +30,25 @@ def main(argv: list[str]) -> int:
     return run_per_preset(argv, DEFAULT, "dbdc_paths", _one)
 
 
+def fp32_check(problem, launch) -> tuple[str, tuple]:  # noqa: ANN001 - the tuning record's Problem, a dB/dC launcher
+    """The tuner's check of `launch` (`chunk_state_scan_bwd_dbdc._launch`'s signature) on the dB/dC
+    tuning record's problem: each output within 2x eager bf16's error + 0.01 of the fp32
+    reference. Returns the verdict line ("ok: ..." or "FAILED: ...") and the outputs (dB, dC)."""
+    from autotune_cli.spec import Tolerance
+    from autotune_cli.tuner import check_accuracy
+
+    dB, dC = problem.run(lambda *args: launch(*args[2:14]))  # the rows' sums start from zero
+    acc = check_accuracy(problem, (dB[None], dC[None]), Tolerance(atol=0.01, factor=2.0))
+    errs = ", ".join(f"{k} {v:.3g} (bound {acc.bound[k]:.3g})" for k, v in acc.max_abs_err.items())
+    return f"{'ok' if acc.passed else 'FAILED'}: {errs}", (dB, dC)
+
+
 def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     import helion
     import torch
     from preset_args import model_shape
 
-    from autotune_cli.spec import Tolerance
     from autotune_cli.timing import gpu_median_ms
-    from autotune_cli.tuner import check_accuracy
     from autotune_cli.tuning import get
     from mamba_tune import runtime
     from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
@@ -52,12 +63,6 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     inputs = (dy, z, x, B, C, dt, dA, prev, ds, seq_idx)
     before = set(runtime.resolutions())
 
-    def check(launch) -> str:  # noqa: ANN001 - the tuner's check (2x eager bf16's error + atol), each output
-        dB, dC = problem.run(lambda *args: launch(*args[2:14]))  # the rows' sums start from zero
-        acc = check_accuracy(problem, (dB[None], dC[None]), Tolerance(atol=0.01, factor=2.0))
-        errs = ", ".join(f"{k} {v:.3g} (bound {acc.bound[k]:.3g})" for k, v in acc.max_abs_err.items())
-        return f"{'ok' if acc.passed else 'FAILED'}: {errs}"
-
     one_ms = gpu_median_ms(lambda: one._launch(*inputs, rows, cb), 100)
     two_ms = gpu_median_ms(lambda: two._launch(*inputs, rows, cb), 100)
     base = tk.make_baseline(dims, torch.bfloat16, dev, 0) if tk.make_baseline else None
@@ -66,8 +71,8 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     sources = {k: v for k, v in runtime.resolutions().items() if k not in before}
     print(f"{label}: one kernel {one_ms:.4f} ms, two passes {two_ms:.4f} ms ({runs} head runs), mamba-ssm "
           + (f"{base_ms:.4f} ms" if base_ms is not None else "-") + f"; configs: {sources}", flush=True)
-    print(f"  fp32 check, one kernel {check(one._launch)}", flush=True)
-    print(f"  fp32 check, two passes {check(two._launch)}", flush=True)
+    print(f"  fp32 check, one kernel {fp32_check(problem, one._launch)[0]}", flush=True)
+    print(f"  fp32 check, two passes {fp32_check(problem, two._launch)[0]}", flush=True)
     # Each pass alone at a few configs, on the head-run count of the rule.
     S = torch.empty((runs, shape.batch, shape.ngroups, shape.seqlen, shape.chunk_size), dtype=x.dtype, device=dev)
     dBs = torch.empty((runs, shape.batch, shape.seqlen, shape.ngroups, shape.dstate), dtype=torch.float32, device=dev)

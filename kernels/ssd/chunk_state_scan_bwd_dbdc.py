@@ -226,17 +226,16 @@ def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
 SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
 
 
-def sides(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
+def sides() -> int:
     """Programs per (chunk rows, group, head run, dstate block): 2, one for dC and one for dB, at
     every shape measured. On the H200 (2026-12-03, bf16, batch 2, seqlen 8192,
     `scripts/dbdc_sides.py`, the kernel alone at its best of five configs, on the rule's head
     runs; sides 1 / 2 / mamba-ssm's kernels for that work, ms): Mamba2-2.7B 0.916 / 0.844 /
     1.184, Zamba2-2.7B 0.785 / 0.735 / 1.082, Falcon-H1-0.5B 0.221 / 0.204 / 0.630,
-    Nemotron-3 Nano TP1 (one run) 0.659 / 0.515 / 1.079. The dims stay in the signature for a
-    shape rule, as `head_splits` has."""
+    Nemotron-3 Nano TP1 (one run) 0.659 / 0.515 / 1.079."""
     path = os.environ.get(SIDES_VAR, "")
     if path not in ("", "1", "2"):
-        raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (the shape's rule)")
+        raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (2)")
     return int(path) if path else 2
 
 
@@ -262,7 +261,7 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     dB_part, dC_part = out_buffers(x, B, dt.shape[2])
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
             prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb,
-            sides(x.shape[0], dt.shape[2], B.shape[2], x.shape[2]))
+            sides())
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
     return sum_splits(dB_part, x.dtype), sum_splits(dC_part, x.dtype)
 
