@@ -211,11 +211,32 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
             _search_default(search, default)
         _budget_after_setup(search)
         hb.search = search
-        best = search.autotune(skip_cache=True)
+        try:
+            best = search.autotune(skip_cache=True)
+        except helion.exc.NoConfigFound as e:
+            start = getattr(search, "_autotune_budget_start", None)
+            spent = None if start is None else time.perf_counter() - start
+            raise TuneFailure(no_config_reason(e, spent, budget.seconds_per_combo)) from None
     finally:
         settings.autotune_log = previous_log
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
+
+
+def no_config_reason(e: Exception, spent: float | None, budget_s: int | None) -> str:
+    """The failure reason of a search that ended with Helion's NoConfigFound.
+
+    When the budget clock had run out, the likely cause is not a broken kernel but a budget
+    shorter than the first generation's compiles: on the H200 the dB/dC backward's 19 seeds
+    took over 12 s to compile at one group, so a 12 s search timed none of them (Helion
+    then skips every config it has not timed yet). Say so, and what to change.
+    """
+    reason = f"autotune failed: {type(e).__name__}: {e}"
+    if spent is None or budget_s is None or spent < budget_s:
+        return reason
+    return (f"{reason}: the {budget_s} s search budget ran out ({spent:.1f} s) before any config was timed, "
+            f"most likely while its first configs compiled; give it more time (--seconds-per-combo, or "
+            f"budget.seconds_per_combo in the spec)")
 
 
 # Each kernel's settings object -> the compile timeout it had before its first search here.
@@ -316,6 +337,8 @@ def tune(
                     search_log = read_helion_log(os.path.join(tmp, "search.csv"))
                 if search_log is not None:
                     print(f"search log: {describe_search_log(search_log)}", file=sys.stderr, flush=True)
+            except TuneFailure as e:  # a search that timed nothing, with its reason
+                return failure(str(e))
             except Exception as e:  # a search that finds nothing usable
                 if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
                     raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
