@@ -45,6 +45,9 @@ class KernelKey:
     dims_for: Callable[[ModelShape], dict[str, int] | None]
     # The Helion kernel function, "module:function" (what a bundle's source hash covers).
     source: str
+    # Other kernels its stage launches, each with its dims at a layer shape (None where it does
+    # not run there): `plan` lists them with it, so a spec that names the stage tunes all of it.
+    runs_too: tuple[tuple[str, Callable[[ModelShape], dict[str, int] | None]], ...] = ()
 
     def source_sha256(self) -> str:
         """mamba_tune.runtime.kernel_source_sha256 of the kernel, read from its file without
@@ -166,6 +169,17 @@ def _state_passing_bwd(shape: ModelShape) -> dict[str, int] | None:
     dims = pick(state_passing_bwd_dims(shape), STATE_PASSING_BWD_DIMS)
     dims["seqlen"] = -(-shape.seqlen // shape.chunk_size) * shape.chunk_size
     return dims
+
+
+def split_walk_f2_dims(shape: ModelShape) -> dict[str, int] | None:
+    """The F2 call the split walk makes before its walk (mamba_tune.ssd.state_passing_bwd._launch):
+    F2's kernel with dout as x and C as B and no seq_idx (the walk passes the sequence mask in
+    the weights), so F2's unpacked key at this shape; None where the backward walks in one kernel.
+    On the H200 (session 22) that call ran F2's default config at Zamba2-2.7B: no spec had named
+    `ssd_chunk_state` there, since the forward runs F2 + F3 fused."""
+    if _state_passing_bwd(shape) is None:
+        return None
+    return pick(mixer_dims(dataclasses.replace(shape, packed=False)), CHUNK_STATE_DIMS)
 
 
 def two_pass_dbdc(dstate: int) -> bool:
@@ -304,7 +318,8 @@ KEYS: tuple[KernelKey, ...] = (
     KernelKey("ssd_chunk_state_passing_bwd", "ssd", CHUNK_STATE_PASSING_BWD_DIMS, _chunk_state_passing_bwd,
               "mamba_tune.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd_kernel"),
     KernelKey("ssd_state_passing_bwd", "ssd", STATE_PASSING_BWD_DIMS, _state_passing_bwd,
-              "mamba_tune.ssd.state_passing_bwd:state_passing_bwd_kernel"),
+              "mamba_tune.ssd.state_passing_bwd:state_passing_bwd_kernel",
+              runs_too=(("ssd_chunk_state", split_walk_f2_dims),)),
     KernelKey("ssd_chunk_scan_chunk_state_bwd_dx", "ssd", CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS,
               _ssd(CHUNK_SCAN_CHUNK_STATE_BWD_DX_DIMS),
               "mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx:chunk_scan_chunk_state_bwd_dx_kernel"),

@@ -33,8 +33,19 @@ class Combo:
 
 
 def plan(spec: Spec) -> list[Combo]:
+    """Each named kernel's combos at each layer shape of the spec, and those of the kernels its
+    stage launches too (`KernelKey.runs_too`: origin "... (run by KERNEL)"), each once."""
     kernels = all_keys()
     found: dict[str, Combo] = {}
+
+    def add(name: str, dims: dict[str, int], dtype: str, origin: str) -> None:
+        key = entry_key(name, dims, dtype)
+        if key in found:
+            old = found[key]
+            found[key] = dataclasses.replace(old, origins=(*old.origins, origin))
+        else:
+            found[key] = Combo(kernel=name, dims=dims, dtype=dtype, origins=(origin,))
+
     for m in spec.models:
         for batch, seqlen, packed in itertools.product(m.batch, m.seqlen, spec.packed_sequences):
             shape = ModelShape(batch=batch, seqlen=seqlen, nheads=m.nheads, headdim=m.headdim,
@@ -43,12 +54,11 @@ def plan(spec: Spec) -> list[Combo]:
             for name in spec.kernels:
                 for dims, dtypes, suffix in _weight_variants(spec, kernels[name], shape):
                     for dtype in dtypes:
-                        key = entry_key(name, dims, dtype)
-                        if key in found:
-                            old = found[key]
-                            found[key] = dataclasses.replace(old, origins=(*old.origins, origin + suffix))
-                        else:
-                            found[key] = Combo(kernel=name, dims=dims, dtype=dtype, origins=(origin + suffix,))
+                        add(name, dims, dtype, origin + suffix)
+                for other, dims_for in kernels[name].runs_too:
+                    other_dims = dims_for(shape)
+                    for dtype in spec.dtypes if other_dims is not None else ():
+                        add(other, other_dims, dtype, f"{origin} (run by {name})")
     return list(found.values())
 
 

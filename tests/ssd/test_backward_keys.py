@@ -18,6 +18,7 @@ import mamba_tune
 from autotune_cli.plan import plan
 from autotune_cli.spec import load_spec
 from autotune_cli.tuning.ssd.inputs import SSDInputs
+from mamba_tune.bundle import entry_key
 
 BWD = ("ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
        "ssd_chunk_cumsum_bwd")
@@ -116,3 +117,54 @@ def test_cumsum_bwd_key_counts_the_partials_a_real_backward_hands_it(ssd_ref_mod
     # Two heads: B2 + B3 split, its walk keyed on whole chunks (seqlen 40 -> 48), as the plan keys it.
     (walk,) = [c["dims"] for c in calls if c["kernel"] == "ssd_state_passing_bwd"]
     assert walk == all_keys()["ssd_state_passing_bwd"].dims_for(shape) and walk["seqlen"] == 48, walk
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_a_spec_naming_the_split_walk_plans_the_f2_call_it_makes(ssd_ref_mode, tmp_path, packed):
+    # The split walk runs F2's kernel (dout as x, C as B, no seq_idx) before its elementwise walk.
+    # On the H200 that F2 call ran F2's default config at Zamba2 (0.084 ms of its 0.154 ms walk),
+    # since no spec naming the walk planned it: now `plan` lists it with the walk (runs_too).
+    from autotune_cli.spec import parse_spec
+
+    dims = {"batch": 1, "seqlen": 40, "nheads": 2, "headdim": 16, "ngroups": 1, "dstate": 16, "chunk_size": 16,
+            "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
+    i = SSDInputs.make(dims, torch.bfloat16, "cpu", seed=0)
+    seq_idx = (torch.arange(40) // 24).to(torch.int32)[None] if packed else None
+    x = i.x.clone().requires_grad_()
+    with mamba_tune.record_calls(tmp_path / "calls.json"):
+        out = mamba_tune.mamba_chunk_scan_combined(x, i.dt, i.A, i.B, i.C, i.chunk_size, D=i.D, dt_bias=i.dt_bias,
+                                                dt_softplus=True, seq_idx=seq_idx)
+        out.float().square().sum().backward()
+    calls = json.loads((tmp_path / "calls.json").read_text())["calls"].values()
+    assert any(c["kernel"] == "ssd_state_passing_bwd" for c in calls)  # two heads: the split walk
+    f2 = {entry_key(c["kernel"], c["dims"], c["dtype"]) for c in calls
+          if c["kernel"] == "ssd_chunk_state" and c["dims"]["has_seq_idx"] == 0}
+    assert len(f2) == 1, calls
+    spec = parse_spec(f"""
+target: {{gpu: h200, arch: sm90}}
+models:
+  - name: tiny
+    dims: {{nheads: 2, headdim: 16, ngroups: 1, dstate: 16, chunk_size: 16}}
+batch: [1]
+seqlen: [40]
+packed_sequences: [{str(packed).lower()}]
+dtypes: [bf16]
+kernels: [ssd_state_passing_bwd]
+""", source="t.yaml")
+    combos = {c.key: c for c in plan(spec)}
+    assert f2 <= combos.keys(), (f2, sorted(combos))
+    (key,) = f2
+    assert combos[key].origins == ("tiny tp=1 batch=1 seqlen=40" + (" packed" if packed else "")
+                                   + " (run by ssd_state_passing_bwd)",)
+    # Where the backward walks in one kernel, nothing else is planned for the walk.
+    one_walk = parse_spec("""
+target: {gpu: h200, arch: sm90}
+models:
+  - name: wide
+    dims: {nheads: 64, headdim: 16, ngroups: 1, dstate: 16, chunk_size: 16}
+batch: [1]
+seqlen: [40]
+dtypes: [bf16]
+kernels: [ssd_state_passing_bwd, ssd_chunk_state_passing_bwd]
+""", source="t.yaml")
+    assert [c.kernel for c in plan(one_walk)] == ["ssd_chunk_state_passing_bwd"]
