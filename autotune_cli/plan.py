@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Collection
 
 from autotune_cli.kernel_keys import KernelKey, ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
@@ -32,6 +33,16 @@ class Combo:
         return f"{self.kernel} {','.join(f'{k}={v}' for k, v in self.dims.items())} {self.dtype}"
 
 
+# The origin suffix of a combo that a named kernel's stage launches (KernelKey.runs_too).
+RUN_BY = " (run by {})"
+
+
+def runs_for(combo: Combo, kernels: Collection[str]) -> bool:
+    """Whether `combo` is one of these kernels' own, or one that their stages launch (what
+    `sweep --kernel` keeps)."""
+    return combo.kernel in kernels or any(o.endswith(RUN_BY.format(k)) for k in kernels for o in combo.origins)
+
+
 def plan(spec: Spec) -> list[Combo]:
     """Each named kernel's combos at each layer shape of the spec, and those of the kernels its
     stage launches too (`KernelKey.runs_too`: origin "... (run by KERNEL)"), each once."""
@@ -58,7 +69,7 @@ def plan(spec: Spec) -> list[Combo]:
                 for other, dims_for in kernels[name].runs_too:
                     other_dims = dims_for(shape)
                     for dtype in spec.dtypes if other_dims is not None else ():
-                        add(other, other_dims, dtype, f"{origin} (run by {name})")
+                        add(other, other_dims, dtype, origin + RUN_BY.format(name))
     return list(found.values())
 
 

@@ -201,7 +201,7 @@ def sweep_command(
         help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
-    from autotune_cli.plan import plan
+    from autotune_cli.plan import plan, runs_for
     from autotune_cli.spec import SpecError, load_spec
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
     from mamba_tune.bundle import SpecRef
@@ -225,7 +225,7 @@ def sweep_command(
         unknown = sorted(set(kernel) - set(source.kernels))
         if unknown:
             fail(f"--kernel {', '.join(unknown)}: not in the {source.what}'s kernels ({', '.join(source.kernels)})")
-        combos = [c for c in combos if c.kernel in kernel]
+        combos = [c for c in combos if runs_for(c, kernel)]
     if origin:
         combos = [c for c in combos if any(o in text for o in origin for text in c.origins)]
         if not combos:

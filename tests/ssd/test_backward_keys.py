@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mamba_tune
-from autotune_cli.plan import plan
+from autotune_cli.plan import plan, runs_for
 from autotune_cli.spec import load_spec
 from autotune_cli.tuning.ssd.inputs import SSDInputs
 from mamba_tune.bundle import entry_key
@@ -156,6 +156,10 @@ kernels: [ssd_state_passing_bwd]
     (key,) = f2
     assert combos[key].origins == ("tiny tp=1 batch=1 seqlen=40" + (" packed" if packed else "")
                                    + " (run by ssd_state_passing_bwd)",)
+    # `sweep --kernel ssd_state_passing_bwd` keeps the F2 call with the walk.
+    assert sorted(c.kernel for c in combos.values() if runs_for(c, ["ssd_state_passing_bwd"])) == [
+        "ssd_chunk_state", "ssd_state_passing_bwd"]
+    assert [c.kernel for c in combos.values() if runs_for(c, ["ssd_chunk_state"])] == ["ssd_chunk_state"]
     # Where the backward walks in one kernel, nothing else is planned for the walk.
     one_walk = parse_spec("""
 target: {gpu: h200, arch: sm90}
