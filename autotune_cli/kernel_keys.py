@@ -177,7 +177,7 @@ def split_walk_f2_dims(shape: ModelShape) -> dict[str, int] | None:
     the weights), so F2's unpacked key at this shape; None where the backward walks in one kernel.
     On the H200 (session 22) that call ran F2's default config at Zamba2-2.7B: no spec had named
     `ssd_chunk_state` there, since the forward runs F2 + F3 fused."""
-    if _state_passing_bwd(shape) is None:
+    if not split_state_passing_bwd(shape.batch, shape.nheads, shape.chunk_size):
         return None
     return pick(mixer_dims(dataclasses.replace(shape, packed=False)), CHUNK_STATE_DIMS)
 

@@ -68,7 +68,9 @@ def plan(spec: Spec) -> list[Combo]:
                         add(name, dims, dtype, origin + suffix)
                 for other, dims_for in kernels[name].runs_too:
                     other_dims = dims_for(shape)
-                    for dtype in spec.dtypes if other_dims is not None else ():
+                    if other_dims is None:
+                        continue
+                    for dtype in spec.dtypes:
                         add(other, other_dims, dtype, origin + RUN_BY.format(name))
     return list(found.values())
 
