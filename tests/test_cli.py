@@ -319,3 +319,31 @@ def test_validate_lists_configs_helion_rejects(tmp_path):
     write_bundle(bundle(good), p)
     r = run("validate", str(p))
     assert r.exit_code == 0 and "1/1 configs valid" in r.stdout, r.output
+
+
+def _callbacks(typer_app):
+    for c in typer_app.registered_commands:
+        yield c.name or c.callback.__name__, c.callback
+    for g in typer_app.registered_groups:
+        yield from _callbacks(g.typer_instance)
+
+
+def test_every_option_whose_metavar_spells_its_name_declares_the_name():
+    # typer 0.27.x names an option that declares no name after its metavar when the two match
+    # ignoring case: metavar="KERNEL" on `kernel` became --KERNEL, and `--kernel` answered "No such
+    # option" (seen on the H200, typer 0.27.2). Declaring the name sidesteps that on every typer.
+    import typing
+
+    from typer.models import OptionInfo
+
+    undeclared = []
+    for name, cb in _callbacks(app):
+        for param, hint in typing.get_type_hints(cb, include_extras=True).items():
+            for info in getattr(hint, "__metadata__", ()):
+                # In Annotated[..., typer.Option("--name")] typer takes the first argument, stored
+                # as the default, for the name.
+                declared = info.param_decls or isinstance(info.default, str) and info.default.startswith("-")
+                if isinstance(info, OptionInfo) and not declared and (info.metavar or "").lower() == param.lower():
+                    undeclared.append(f"{name} {param}")
+    assert not undeclared, undeclared
+    assert len(list(_callbacks(app))) > 5

@@ -88,11 +88,11 @@ def check_command(
     bundles: Annotated[Path, typer.Option(metavar="DIR", help="Bundle root: the bundles checked are DIR/SKU/*.json, "
                                                               "SKU the spec's target GPU.",
                                           exists=True, file_okay=False)],
-    helion_version: Annotated[str | None, typer.Option(metavar="VERSION", 
+    helion_version: Annotated[str | None, typer.Option(metavar="VERSION",
         help="Expected helion version (default: the one recorded in the newest bundle of the set).")] = None,
-    torch_version: Annotated[str | None, typer.Option(metavar="VERSION", 
+    torch_version: Annotated[str | None, typer.Option(metavar="VERSION",
         help="Expected torch version; '2.11.0' also matches '2.11.0+cu130' (default: newest bundle's).")] = None,
-    triton_version: Annotated[str | None, typer.Option(metavar="VERSION", 
+    triton_version: Annotated[str | None, typer.Option(metavar="VERSION",
         help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
@@ -141,17 +141,17 @@ def verify_command(
                                                 dir_okay=False)],
     json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the results (GPU, versions, per-entry timings "
                                                        "and errors) as JSON to this file.", dir_okay=False)] = None,
-    noise_pct: Annotated[float, typer.Option(metavar="PCT", 
+    noise_pct: Annotated[float, typer.Option(metavar="PCT",
         min=0.0, help="The tuned config fails if it is slower than the kernel's default config by more than this "
                       "many percent (timing noise).")] = 3.0,
-    regression_pct: Annotated[float, typer.Option(metavar="PCT", 
+    regression_pct: Annotated[float, typer.Option(metavar="PCT",
         min=0.0, help="The tuned config fails if it is slower than its recorded tuned_ms by more than this "
                       "many percent (e.g. after a helion or triton upgrade).")] = 10.0,
     allow_arch_mismatch: Annotated[bool, typer.Option(
         help="Verify even if this GPU's compute capability differs from the bundle's.")] = False,
-    kernel: Annotated[list[str] | None, typer.Option(metavar="KERNEL", 
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", metavar="KERNEL",
         help="Only entries of this kernel (repeatable; default: every entry).")] = None,
-    seed: Annotated[int | None, typer.Option(metavar="SEED", 
+    seed: Annotated[int | None, typer.Option("--seed", metavar="SEED",
         min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
                     "checked it).")] = None,
 ) -> None:

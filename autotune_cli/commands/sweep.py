@@ -171,7 +171,7 @@ def sweep_command(
     gpu: Annotated[str | None, typer.Option(
         metavar="SKU", help="With --from-record: target GPU SKU (default: the GPU the record's calls ran on).")] = None,
     name: Annotated[str | None, typer.Option(
-        metavar="NAME", help="With --from-record: bundle name, DIR/SKU/NAME.json (default: the record file's stem).")] = None,
+        "--name", metavar="NAME", help="With --from-record: bundle name, DIR/SKU/NAME.json (default: the record file's stem).")] = None,
     out_dir: OutOpt = DEFAULT_OUT,
     force: ForceOpt = False,
     gpus: GpusOpt = None,
@@ -179,11 +179,11 @@ def sweep_command(
     cpu_dry_run: DryOpt = False,
     log_dir: LogOpt = Path(".mamba-tune/logs"),
     timeout: TimeoutOpt = None,
-    kernel: Annotated[list[str] | None, typer.Option(metavar="KERNEL", 
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", metavar="KERNEL",
         help="Only these kernels of the spec (repeatable); the rest stay as they are in the bundle.")] = None,
-    seconds_per_combo: Annotated[int | None, typer.Option(metavar="SECONDS", 
+    seconds_per_combo: Annotated[int | None, typer.Option(metavar="SECONDS",
         min=1, help="Override the spec's search budget per combo (each entry records the budget it got).")] = None,
-    origin: Annotated[list[str] | None, typer.Option(metavar="TEXT", 
+    origin: Annotated[list[str] | None, typer.Option(metavar="TEXT",
         help="Only combos whose origin (as `plan` prints it, e.g. 'tp=1 batch=2 seqlen=8192') contains this "
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
     warm_start: WarmOpt = None,
@@ -287,10 +287,10 @@ def tune_command(
     dtype: Annotated[DtypeChoice, typer.Option(metavar="bf16|fp16|fp32", help="Input dtype.")] = DtypeChoice.bf16,
     gpu: Annotated[str, typer.Option(metavar="SKU", help="Target GPU SKU (must match this GPU unless --allow-gpu-mismatch).")] = "h200",
     effort: Annotated[EffortChoice, typer.Option(metavar="none|quick|full", help="Helion autotune effort.")] = EffortChoice.quick,
-    seconds: Annotated[int | None, typer.Option(metavar="SECONDS", help="Cap on the search's wall time, seconds.", min=1)] = None,
+    seconds: Annotated[int | None, typer.Option("--seconds", metavar="SECONDS", help="Cap on the search's wall time, seconds.", min=1)] = None,
     algorithm: Annotated[str, typer.Option(metavar="NAME", help=f"Search algorithm: {', '.join(SEARCH_ALGORITHMS)}.")] = "LFBOTreeSearch",
-    seed: Annotated[int, typer.Option(metavar="SEED", help="Autotuner random seed.", min=0)] = 0,
-    name: Annotated[str, typer.Option(metavar="NAME", help="Bundle name, DIR/SKU/NAME.json: 1-100 of "
+    seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="Autotuner random seed.", min=0)] = 0,
+    name: Annotated[str, typer.Option("--name", metavar="NAME", help="Bundle name, DIR/SKU/NAME.json: 1-100 of "
                                                           "A-Z a-z 0-9 . _ -, starting with a letter or digit.")] = "adhoc",
     out_dir: OutOpt = DEFAULT_OUT,
     force: ForceOpt = False,
