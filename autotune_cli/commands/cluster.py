@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from autotune_cli.commands.common import err, fail, out
+from autotune_cli.commands.common import Command, err, fail, out
 
 if TYPE_CHECKING:
     from autotune_cli.sweep import Sweep, SweepResult
@@ -44,7 +44,7 @@ def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_
 
 
 PathArg = Annotated[Path, typer.Argument(
-    metavar="BUNDLE", help="A bundle (OUT/<sku>/<spec>.json), its <spec>.slurm folder, or a folder of bundles.")]
+    metavar="BUNDLE", help="A bundle (DIR/SKU/NAME.json), its NAME.slurm folder, or a folder of bundles.")]
 
 
 def status_command(path: PathArg) -> None:
@@ -86,9 +86,9 @@ def collect_command(path: PathArg) -> None:
 
 
 def merge_command(
-    bundles: Annotated[list[Path], typer.Argument(metavar="BUNDLE...", help="Bundles to merge.", exists=True,
+    bundles: Annotated[list[Path], typer.Argument(metavar="BUNDLE", help="Bundles to merge.", exists=True,
                                                   dir_okay=False)],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The merged bundle (written atomically).",
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="The merged bundle (written atomically).",
                                          dir_okay=False)],
     allow_mixed: Annotated[bool, typer.Option(
         help="Merge bundles of different GPU models or versions (the first one's provenance is kept).")] = False,
@@ -110,6 +110,6 @@ def merge_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("status")(status_command)
-    app.command("collect")(collect_command)
-    app.command("merge")(merge_command)
+    app.command("status", cls=Command)(status_command)
+    app.command("collect", cls=Command)(collect_command)
+    app.command("merge", cls=Command)(merge_command)
