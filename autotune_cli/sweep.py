@@ -718,7 +718,10 @@ class _BundleWriter:
                 # new entry takes the key.
                 self.bundle = self.bundle.model_copy(
                     update={"entries": {k: e for k, e in self.bundle.entries.items() if e.kernel != name}})
-            self.kernels[name] = kprov
+            if old is None or old.source_sha256 != kprov.source_sha256:
+                # Same source: the record stays as it is (one from before per-entry config-space
+                # fingerprints keeps its fingerprint, which describes an entry still here).
+                self.kernels[name] = kprov
         prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=self.created,
                           updated=stamp, gpu=self.gpu, versions=self.versions, spec=self.spec_ref,
                           kernels=dict(self.kernels))

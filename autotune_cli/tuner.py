@@ -21,6 +21,7 @@ import helion
 import torch
 
 from autotune_cli.environment import now
+from autotune_cli.lowering import config_spec
 from autotune_cli.search_trace import SearchLog, describe_search_log, read_helion_log
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
@@ -314,8 +315,11 @@ def tune(
     problem = tk.make_problem(dims, dtype, device, budget.seed)
     bound = tk.kernel.bind(problem.args)
     default = tk.default_for(bound, dims)
-    prov = KernelProvenance(source_sha256=tk.source_sha256(),
-                            config_spec_fingerprint=bound.config_spec.structural_fingerprint_hash())
+    # The config space is the bound call's: a kernel's packed and unpacked calls (other loads)
+    # have different ones, so it is recorded per entry, not per kernel. Ref mode binds another
+    # space than compiled mode: a dry run records the compiled one, which `validate` binds.
+    fingerprint = (config_spec(tk, dims, dtype_name) if interpret else bound.config_spec).structural_fingerprint_hash()
+    prov = KernelProvenance(source_sha256=tk.source_sha256())
 
     def failure(reason: str) -> Outcome:
         return Outcome(None, Failure(kernel=kernel_name, dims=dims, dtype=dtype_name, reason=reason, at=now()), prov,
@@ -393,7 +397,8 @@ def tune(
                       effort="none" if interpret else budget.effort, configs_tried=tried, seconds=phases["search"],
                       seed=budget.seed, seed_configs=len(seeds), budget_seconds=budget.seconds_per_combo,
                       max_generations=budget.max_generations,
-                      trace=None if search_log is None else [list(p) for p in search_log.trace]),
+                      trace=None if search_log is None else [list(p) for p in search_log.trace],
+                      config_spec_fingerprint=fingerprint),
         accuracy=acc,
         tuned_at=now(),
     )

@@ -75,7 +75,8 @@ class SpecRef(_Model):
 class KernelProvenance(_Model):
     source_sha256: str = Field(description="sha256 of the Helion kernel's source text")
     config_spec_fingerprint: str | None = Field(
-        default=None, description="Helion ConfigSpec.structural_fingerprint_hash() at tuning time"
+        default=None, description="bundles before the per-entry field (Search.config_spec_fingerprint): one "
+        "entry's config space, though a kernel's entries can have several (packed and unpacked calls differ)"
     )
 
 
@@ -116,14 +117,19 @@ class Search(_Model):
     trace: list[tuple[float, float]] | None = Field(
         None, description="best so far: [seconds into the search, best ms] at each config that beat every "
         "earlier one, from Helion's autotune log (absent: no search ran, or a bundle from before this field)")
+    config_spec_fingerprint: str | None = Field(
+        None, description="Helion ConfigSpec.structural_fingerprint_hash() of the config space this entry was "
+        "tuned in (absent: a bundle from before this field)")
 
     @model_serializer(mode="wrap")
     def _no_empty_trace(self, handler: Any) -> Any:
-        # Written only where there is one: an entry without a trace stays as bundles were
-        # before the field existed (readable by older mamba-tune, no churn in diffs).
+        # Written only where there is one: an entry without them stays as bundles were
+        # before the fields existed (readable by older mamba-tune, no churn in diffs).
         data = handler(self)
-        if isinstance(data, dict) and data.get("trace") is None:
-            data.pop("trace", None)
+        if isinstance(data, dict):
+            for name in ("trace", "config_spec_fingerprint"):
+                if data.get(name) is None:
+                    data.pop(name, None)
         return data
 
 

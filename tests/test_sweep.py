@@ -313,3 +313,55 @@ def test_a_combo_no_warm_worker_took_is_queued_again(tmp_path):
     assert queue == [(7, "combo", False), (8, "next", False)]
     one_shot = _Running("combo", 9, None, proc, tmp_path / "c9", tmp_path / "9.log", 0.0, 1.0)  # type: ignore[arg-type]
     assert not Sweep._requeue_unclaimed(one_shot, None, queue)
+
+
+def test_each_entry_records_the_config_space_it_was_tuned_in(tmp_path):
+    """The dx backward's packed and unpacked calls bind different Helion config spaces (other
+    loads): each entry records its own fingerprint, the one `validate` binds its dims to; the
+    kernel's provenance record carries none (one per kernel was overwritten by the packed
+    entry's at Zamba2, session 22)."""
+    from autotune_cli.lowering import config_spec
+    from autotune_cli.tuning import get
+
+    spec = tmp_path / "packed.yaml"
+    spec.write_text(SPEC.read_text().replace("tp: [1, 2]", "tp: [1]").replace("seqlen: [64, 40]", "seqlen: [64]")
+                    .replace("kernels: [gated_norm_fwd, gated_norm_bwd]",
+                             "kernels: [ssd_chunk_scan_chunk_state_bwd_dx]\npacked_sequences: [false, true]"))
+    out = tmp_path / "out"
+    r = subprocess.run(sweep_cmd(out, spec=spec), env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    b = load_bundle(out / "cpu" / "tiny.json")
+    tk = get("ssd_chunk_scan_chunk_state_bwd_dx")
+    fps = {e.dims["has_seq_idx"]: e.search.config_spec_fingerprint for e in b.entries.values()}
+    assert set(fps) == {0, 1}, list(b.entries)
+    for e in b.entries.values():
+        assert e.search.config_spec_fingerprint == config_spec(tk, e.dims, e.dtype).structural_fingerprint_hash()
+    assert fps[0] != fps[1]
+    assert b.provenance.kernels[tk.name].config_spec_fingerprint is None
+
+
+def test_a_kernel_record_from_before_per_entry_fingerprints_is_kept_while_its_source_is(tmp_path):
+    """A new entry of a kernel whose source is unchanged leaves the kernel's record as it was:
+    its old fingerprint still describes an entry of the bundle. A new source replaces it."""
+    from bundles import H200, VERSIONS, bundle, entry
+
+    from autotune_cli.plan import plan
+    from autotune_cli.spec import load_spec
+    from autotune_cli.sweep import _BundleWriter
+    from mamba_tune.bundle import KernelProvenance
+
+    spec = load_spec(small_spec(tmp_path))
+    first, second = (entry(c.kernel, c.dims, c.dtype) for c in
+                     [c for c in plan(spec) if c.kernel == "gated_norm_fwd"][:2])
+    old = bundle(first, kernel_hashes={"gated_norm_fwd": "0" * 64})
+    legacy = KernelProvenance(source_sha256="0" * 64, config_spec_fingerprint="f" * 64)
+    old = old.model_copy(update={"provenance": old.provenance.model_copy(
+        update={"kernels": {"gated_norm_fwd": legacy}})})
+    path = tmp_path / "h200" / "tiny.json"
+    writer = _BundleWriter(path, old, H200, VERSIONS, None)
+    writer.save(second, None, KernelProvenance(source_sha256="0" * 64))
+    saved = load_bundle(path)
+    assert saved.provenance.kernels["gated_norm_fwd"] == legacy
+    assert set(saved.entries) == {first.key, second.key}
+    writer.save(first, None, KernelProvenance(source_sha256="1" * 64))
+    assert load_bundle(path).provenance.kernels["gated_norm_fwd"] == KernelProvenance(source_sha256="1" * 64)

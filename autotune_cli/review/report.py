@@ -15,6 +15,7 @@ state is touched.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,15 @@ def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
         f"| created / updated | {p.created} / {p.updated} |",
     ]
     for name, k in sorted(p.kernels.items()):
-        fp = f", config spec {k.config_spec_fingerprint[:12]}" if k.config_spec_fingerprint else ""
+        # Config-space fingerprints per entry (a kernel's packed and unpacked calls have their
+        # own); a bundle from before that field has one on the kernel's record.
+        fps = Counter(e.search.config_spec_fingerprint for e in bundle.entries.values()
+                      if e.kernel == name and e.search.config_spec_fingerprint)
+        if fps:
+            fp = ", config spaces " + ", ".join(f"{f[:12]} ({n} {'entry' if n == 1 else 'entries'})"
+                                                for f, n in sorted(fps.items()))
+        else:
+            fp = f", config spec {k.config_spec_fingerprint[:12]}" if k.config_spec_fingerprint else ""
         lines.append(f"| kernel {name} | source sha256 {k.source_sha256[:12]}{fp} |")
     md = out_dir / "report.md"
     md.write_text("\n".join(lines) + "\n")

@@ -119,3 +119,20 @@ def test_search_traces_get_a_figure_and_their_time_to_within_one_percent(tmp_pat
     assert "](search-gated_norm_fwd.png)" in md and "](search-gated_norm_bwd.png)" not in md
     assert md.count("60 s, within 1% at 11 s |") == 3
     assert fx.assert_md_tables(md) == 4
+
+
+def test_provenance_lists_each_kernels_config_spaces_from_its_entries(tmp_path: Path) -> None:
+    # Two fwd entries in one space, one in another (as a kernel's packed and unpacked calls);
+    # the bwd kernel's entries carry none (a bundle from before the field): no space is named.
+    b = report_bundle()
+    spaces = iter(["a" * 64, "a" * 64, "b" * 64])
+    entries = {k: e.model_copy(update={"search": e.search.model_copy(update={"config_spec_fingerprint": next(spaces)})})
+               if e.kernel == "gated_norm_fwd" else e for k, e in sorted(b.entries.items())}
+    src = fx.write(b.model_copy(update={"entries": entries}), tmp_path / "h200" / "nano.json")
+    res = runner.invoke(app, ["report", str(src), "-o", str(tmp_path / "report")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    fwd = next(line for line in md.splitlines() if line.startswith("| kernel gated_norm_fwd |"))
+    assert fwd.endswith(f", config spaces {'a' * 12} (2 entries), {'b' * 12} (1 entry) |"), fwd
+    bwd = next(line for line in md.splitlines() if line.startswith("| kernel gated_norm_bwd |"))
+    assert "config spa" not in bwd, bwd
