@@ -34,6 +34,23 @@ class TuneFailure(Exception):
     """A combo that produced no usable config; the message is the recorded reason."""
 
 
+class BudgetRanOut(TuneFailure):
+    """A search whose budget clock ran out before it timed any config (`no_config_reason`'s
+    case): `spent` is the seconds it ran, most of them its first configs' compiles."""
+
+    def __init__(self, reason: str, spent: float) -> None:
+        super().__init__(reason)
+        self.spent = spent
+
+
+def retry_budget(budget: Budget, spent: float) -> Budget:
+    """The budget of the one retry a search that timed nothing gets: its own plus the seconds
+    the first attempt ran (whole seconds, up). The retry runs in the same process with the same
+    random seed, so its first configs are the ones just compiled, now in Triton's cache; on the
+    H200 47B's first dB/dC pass spent 78.5 s of a 30 s budget compiling its seeds (session 23)."""
+    return budget.model_copy(update={"seconds_per_combo": (budget.seconds_per_combo or 0) + math.ceil(spent)})
+
+
 class ContextLost(TuneFailure):
     """A config hit an unrecoverable CUDA error (illegal or misaligned address) in this
     process: the CUDA context is gone, so the search cannot go on here. Helion benchmarks
@@ -217,7 +234,10 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
         except helion.exc.NoConfigFound as e:
             start = getattr(search, "_autotune_budget_start", None)
             spent = None if start is None else time.perf_counter() - start
-            raise TuneFailure(no_config_reason(e, spent, budget.seconds_per_combo)) from None
+            reason = no_config_reason(e, spent, budget.seconds_per_combo)
+            if spent is not None and budget_ran_out(spent, budget.seconds_per_combo):
+                raise BudgetRanOut(reason, spent) from None
+            raise TuneFailure(reason) from None
     finally:
         settings.autotune_log = previous_log
     metrics = getattr(search, "_autotune_metrics", None)
@@ -233,11 +253,16 @@ def no_config_reason(e: Exception, spent: float | None, budget_s: int | None) ->
     then skips every config it has not timed yet). Say so, and what to change.
     """
     reason = f"autotune failed: {type(e).__name__}: {e}"
-    if spent is None or budget_s is None or spent < budget_s:
+    if spent is None or not budget_ran_out(spent, budget_s):
         return reason
     return (f"{reason}: the {budget_s} s search budget ran out ({spent:.1f} s) before any config was timed, "
             f"most likely while its first configs compiled; give it more time (--seconds-per-combo, or "
             f"budget.seconds_per_combo in the spec)")
+
+
+def budget_ran_out(spent: float, budget_s: int | None) -> bool:
+    """Whether a search that ran `spent` seconds had used its whole budget."""
+    return budget_s is not None and spent >= budget_s
 
 
 # Each kernel's settings object -> the compile timeout it had before its first search here.
@@ -337,8 +362,22 @@ def tune(
             try:
                 seeds = fitting_seeds(seed_configs(tk, dims, warm_start), default)
                 with tempfile.TemporaryDirectory(prefix="mamba-tune-search-") as tmp:
-                    best, tried = _search(tk, bound, problem, budget, hb, seeds, default, os.path.join(tmp, "search"))
-                    search_log = read_helion_log(os.path.join(tmp, "search.csv"))
+                    log_base = os.path.join(tmp, "search")
+                    try:
+                        best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
+                    except BudgetRanOut as e:
+                        # Once: the budget went on compiles, which the retry finds cached.
+                        first = budget.seconds_per_combo
+                        budget = retry_budget(budget, e.spent)
+                        print(f"{e}; retrying once with a {budget.seconds_per_combo} s budget (its first configs "
+                              "are compiled now)", file=sys.stderr, flush=True)
+                        log_base = os.path.join(tmp, "retry")
+                        try:
+                            best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
+                        except BudgetRanOut as again:
+                            raise TuneFailure(f"{again} (in a retry, after the {first} s search timed nothing in "
+                                              f"{e.spent:.1f} s)") from None
+                    search_log = read_helion_log(log_base + ".csv")
                 if search_log is not None:
                     print(f"search log: {describe_search_log(search_log)}", file=sys.stderr, flush=True)
             except TuneFailure as e:  # a search that timed nothing, with its reason
