@@ -11,7 +11,8 @@ The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32
 dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
 first one's baseline is the package's whole backward (dx included: the sum of both
 kernels' times is what compares with it); the second has none (no library runs that
-stencil alone).
+stencil alone). `causal_conv1d_bwd_fused` is the backward in one kernel (dx, dweight, dbias,
+dinitial_states), with the package's whole backward as its baseline.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from autotune_cli.kernel_keys import (
     conv1d_bwd_dims,
     conv1d_bwd_dx_dims,
+    conv1d_bwd_fused_dims,
     conv1d_fwd_dims,
     conv1d_update_dims,
 )
@@ -44,6 +46,10 @@ def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
 
 def _bwd_dx_dims_for(shape: ModelShape) -> dict[str, int]:
     return conv1d_bwd_dx_dims(shape)
+
+
+def _bwd_fused_dims_for(shape: ModelShape) -> dict[str, int]:
+    return conv1d_bwd_fused_dims(shape)
 
 
 def _update_dims_for(shape: ModelShape) -> dict[str, int]:
@@ -228,6 +234,37 @@ def _make_bwd_dx_problem(dims: dict[str, int], dtype: torch.dtype, device: torch
     )
 
 
+def _make_bwd_fused_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    # Initial states where their gradient is asked for (the shape contract: only with them).
+    inp = ConvInputs({**dims, "has_initial_states": dims["has_initial_states"] or dims["has_dinitial_states"]},
+                     dtype, device, seed)
+    dx = conv._like(inp.x)
+    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
+    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit,
+            inp.width, inp.silu)
+
+    def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        got = {"dx": res[0].float(), "dweight": res[1].t().float()}
+        if inp.bias is not None:
+            got["dbias"] = res[2].float()
+        if dinit is not None:
+            got["dinitial_states"] = dinit.float()
+        return got
+
+    n = inp.x.numel()
+    w = inp.width
+    return Problem(
+        args=args,
+        reference=lambda: inp.grads(True),
+        lowp_reference=lambda: inp.grads(False),
+        outputs=outputs,
+        # x and dout read, dx written.
+        bytes_moved=_bytes(inp, 3),
+        # pre and SiLU' at each of dx's width taps, then dx, dweight and dbias.
+        flops=(2 * w * w + (6 * w if inp.silu else 0) + 4 * w + 1) * n,
+    )
+
+
 class UpdateInputs:
     """Seeded inputs of one decode step: states in more slots than rows with state indices,
     cache_seqlens at random offsets (the circular buffer wraps)."""
@@ -390,6 +427,15 @@ def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
+def _bwd_fused_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # The first kernel's tiles and chunks (the same block sizes; more held at once: 2 width - 1
+    # taps of x).
+    tiles = [(bd, max(1, bl // 2), w) for bd, bl, w in _tiles(dims)]
+    return _unique([conv.CAUSAL_CONV1D_BWD_FUSED.default_config(dims)]
+                   + [conv.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
+                      in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
+
+
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # A stencil like the forward: the forward's tiles.
     return _unique([conv.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
@@ -429,6 +475,17 @@ CAUSAL_CONV1D_BWD_DX = TunableKernel(
     description="causal depthwise conv1d backward, second kernel: dx, dinitial_states from dpre",
 )
 
+CAUSAL_CONV1D_BWD_FUSED = TunableKernel(
+    runtime=conv.CAUSAL_CONV1D_BWD_FUSED,
+    dims_for=_bwd_fused_dims_for,
+    make_problem=_make_bwd_fused_problem,
+    make_baseline=_baseline_bwd,
+    seed_configs=_bwd_fused_seeds,
+    description="causal depthwise conv1d backward in one kernel: dx, dweight, dbias, dinitial_states, the "
+                "pre-activation recomputed at each of dx's taps (causal-conv1d causal_conv1d_bwd; run with "
+                "MAMBA_TUNE_CONV1D_BWD=fused)",
+)
+
 CAUSAL_CONV1D_UPDATE = TunableKernel(
     runtime=update.CAUSAL_CONV1D_UPDATE,
     dims_for=_update_dims_for,
@@ -438,4 +495,4 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_FUSED, CAUSAL_CONV1D_UPDATE)

@@ -6,7 +6,7 @@ tile per loop with small blocks: the backward's first kernel registers two block
 per call, its positions per program, then its step; they get 8 and 3 (at most the range), so each
 program walks several steps with a partial last one, several dweight/dbias partials per
 row are summed, and the tests see the masks at block edges. (Only that kernel registers
-block sizes, so the calls alternate.)
+block sizes, so the calls alternate; the one-kernel backward registers the same two.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
 
 def _conv_kernels() -> list[Any]:
     return [causal_conv1d.causal_conv1d_fwd_kernel, causal_conv1d.causal_conv1d_bwd_kernel,
-            causal_conv1d.causal_conv1d_bwd_dx_kernel, update.causal_conv1d_update_kernel]
+            causal_conv1d.causal_conv1d_bwd_dx_kernel, causal_conv1d.causal_conv1d_bwd_fused_kernel,
+            update.causal_conv1d_update_kernel]
 
 
 class _SmallBlocks:

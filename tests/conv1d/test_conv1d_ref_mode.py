@@ -18,7 +18,14 @@ from autotune_cli.reference import causal_conv1d_ref
 from mamba_tune.conv1d import causal_conv1d as conv
 from mamba_tune.conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
 
-pytestmark = pytest.mark.usefixtures("conv_ref_mode")
+pytestmark = pytest.mark.usefixtures("conv_ref_mode", "bwd_path")
+
+
+@pytest.fixture(autouse=True, params=["split", "fused"])
+def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both backward paths: two kernels through the fp32 dpre buffer, and one."""
+    monkeypatch.setenv(conv.BWD_PATH, request.param)
+    return request.param
 
 LAYOUTS = ("contiguous", "channel_last")
 # (bias, seq_idx, initial_states, final_states, silu)
@@ -222,7 +229,8 @@ def test_explicit_forward_and_backward(layout: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_dx_may_be_written_over_dout(layout: str) -> None:
-    # The first kernel reads all of dout (into dpre) before the second writes dx.
+    # The first kernel reads all of dout (into dpre) before the second writes dx; the one kernel
+    # would read dout where other programs write dx, so that call takes the two kernels.
     case = Case(layout, 4, "seq_idx-bias-silu")
     expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
                                True)
