@@ -235,7 +235,7 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
     to lower. Empty when every seed reaches the search as written."""
     import helion
 
-    from autotune_cli.tuner import seed_configs
+    from autotune_cli.warm_start import seed_configs
 
     bound = tk.kernel.bind(shape_args(tk, dims, dtype))
     gen = bound.config_spec.create_config_generation(overrides=None, advanced_controls_files=None,

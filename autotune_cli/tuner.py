@@ -26,6 +26,7 @@ from autotune_cli.search_trace import SearchLog, describe_search_log, read_helio
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import Problem, TunableKernel, get
+from autotune_cli.warm_start import seed_configs
 from mamba_tune.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
 from mamba_tune.vocab import torch_dtype
 
@@ -163,15 +164,6 @@ class _Heartbeat:
                 self.write()
             except OSError:
                 pass
-
-
-def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: Sequence[dict[str, Any]] | None) -> list[Any]:
-    """The search's hand-picked starting points: the warm start (the config already in the
-    bundle for this key, then the nearest tuned shapes': autotune_cli.warm_start), then the
-    kernel's own seeds for these dims; duplicates dropped."""
-    raw = [*(warm_start or []), *(tk.seed_configs(dims) if tk.seed_configs else [])]
-    unique = [c for i, c in enumerate(raw) if c not in raw[:i]]
-    return [helion.Config.from_dict(c) for c in unique]
 
 
 def fitting_seeds(seeds: Sequence[Any], default: Any) -> list[Any]:

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mamba_tune.bundle import Bundle
+
+if TYPE_CHECKING:
+    from autotune_cli.tuning import TunableKernel
 
 # Starting points taken from bundles per combo (the exact key's, then the nearest shapes').
 WARM_LIMIT = 3
@@ -62,3 +65,15 @@ def warm_configs(size_dims: Sequence[str], kernel: str, dims: dict[str, int], dt
         if len(out) == limit:
             break
     return out
+
+
+def seed_configs(tk: TunableKernel, dims: dict[str, int], warm_start: Sequence[dict[str, Any]] | None) -> list[Any]:
+    """The search's hand-picked starting points: the warm start (the config already in the
+    bundle for this key, then the nearest tuned shapes': `warm_configs`), then the kernel's
+    own seeds for these dims; duplicates dropped. (Here, not in the tuner: `lowering` checks
+    the seeds and the tuner asks `lowering` for config spaces.)"""
+    import helion
+
+    raw = [*(warm_start or []), *(tk.seed_configs(dims) if tk.seed_configs else [])]
+    unique = [c for i, c in enumerate(raw) if c not in raw[:i]]
+    return [helion.Config.from_dict(c) for c in unique]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import helion
 
-from autotune_cli.tuner import fitting_seeds, seed_configs
+from autotune_cli.tuner import fitting_seeds
 from autotune_cli.tuning import all_kernels
 from autotune_cli.tuning.norm import GATED_NORM_BWD
+from autotune_cli.warm_start import seed_configs
 
 DIMS = dict(rows=16384, d=4096, group_size=512, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
 
