@@ -213,10 +213,19 @@ def chunk_state_scan_bwd_dbdc_kernel(
 TARGET_PROGRAMS = 512
 
 
+# A positive integer here overrides the rule's run count (capped at the heads per group), to time
+# the whole step at other splits (scripts/dbdc_head_splits.py times the kernel alone).
+SPLITS_VAR = "MAMBA_TUNE_SSD_DBDC_SPLITS"
+
+
 def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
     """How many runs the host splits each group's heads into (1: no split, no partials)."""
     heads_per_group = nheads // ngroups
-    want = min(heads_per_group, max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups))))
+    asked = os.environ.get(SPLITS_VAR, "")
+    if asked and not (asked.isdigit() and int(asked) >= 1):
+        raise ValueError(f"{SPLITS_VAR}={asked!r}: expected a positive integer or unset (the rule)")
+    want = int(asked) if asked else max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups)))
+    want = min(heads_per_group, want)
     per_run = -(-heads_per_group // want)
     return -(-heads_per_group // per_run)
 

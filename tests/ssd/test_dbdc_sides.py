@@ -80,6 +80,23 @@ def test_the_rule_and_the_switch(monkeypatch):
         one.sides()
 
 
+def test_the_head_splits_switch(monkeypatch):
+    # Mamba2 / Zamba2 at batch 2, seqlen 8192, chunk 256: 32 chunks, one group of 80 heads.
+    monkeypatch.delenv(one.SPLITS_VAR, raising=False)
+    assert one.head_splits(2, 32, 1, 80) == 8
+    for asked, runs in (("4", 4), ("1", 1), ("3", 3), ("16", 16), ("500", 80)):  # 3: 27 + 27 + 26 heads
+        monkeypatch.setenv(one.SPLITS_VAR, asked)
+        assert one.head_splits(2, 32, 1, 80) == runs, asked
+    monkeypatch.setenv(one.SPLITS_VAR, "6")  # 14 heads a run: 6 runs
+    assert one.head_splits(2, 32, 1, 80) == 6
+    monkeypatch.setenv(one.SPLITS_VAR, "7")  # 12 heads a run: 7 runs
+    assert one.head_splits(2, 32, 1, 80) == 7
+    for bad in ("0", "-2", "four", "2.5"):
+        monkeypatch.setenv(one.SPLITS_VAR, bad)
+        with pytest.raises(ValueError, match=f"MAMBA_TUNE_SSD_DBDC_SPLITS={bad!r}: expected a positive integer"):
+            one.head_splits(2, 32, 1, 80)
+
+
 _LOWER = r"""
 import json, torch, helion
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
