@@ -198,14 +198,7 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     if tk.default_config is not None:
         # Helion checks every candidate's outputs against a baseline, which it otherwise
         # gets by compiling its own default config in this process, with no time limit.
-        # Its first call (Triton's compile) is timed here: it sets the compile timeout.
         settings.autotune_baseline_fn = bound.compile_config(default, allow_print=False)
-        first_call_s = _first_call_seconds(settings.autotune_baseline_fn, problem.args)
-        timeout = compile_timeout_for(settings.autotune_compile_timeout, first_call_s)
-        if timeout != settings.autotune_compile_timeout:
-            print(f"mamba-tune: the default config took {first_call_s:.1f} s to compile and run; the search's compile "
-                  f"timeout is {timeout} s (from {settings.autotune_compile_timeout} s)", file=sys.stderr, flush=True)
-            settings.autotune_compile_timeout = timeout
     # Seeds join the first generation (Helion skips, with a log line, one that does not fit the
     # shape; one that does not fit the kernel was dropped by fitting_seeds).
     settings.autotune_seed_configs = seeds or None
@@ -241,30 +234,6 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
         settings.autotune_log = previous_log
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
-
-
-# The search's per-config compile timeout, against the default config's compile in this process:
-# candidates compile side by side (one per core), each slower than one alone.
-COMPILE_TIMEOUT_FACTOR = 5
-COMPILE_TIMEOUT_MAX_S = 300
-
-
-def compile_timeout_for(current_s: int, first_call_s: float) -> int:
-    """The compile timeout a search gets: Helion's (60 s unless set), or COMPILE_TIMEOUT_FACTOR
-    times the default config's compile and first run where that is longer (at most
-    COMPILE_TIMEOUT_MAX_S). On the H200 (session 24) 47B's first dB/dC pass timed none of its
-    14 first configs in a 110 s search (NoConfigFound before the budget ran out): each took
-    longer to compile than the 60 s timeout, so every one was dropped."""
-    return max(current_s, min(COMPILE_TIMEOUT_MAX_S, math.ceil(COMPILE_TIMEOUT_FACTOR * first_call_s)))
-
-
-def _first_call_seconds(fn: Callable[..., Any], args: Sequence[Any]) -> float:
-    """Wall seconds of fn's first call on the problem's inputs, synchronized (its compile, mostly)."""
-    t = time.perf_counter()
-    fn(*args)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - t
 
 
 def no_config_reason(e: Exception, spent: float | None, budget_s: int | None) -> str:
