@@ -47,8 +47,9 @@ class BudgetRanOut(TuneFailure):
 def retry_budget(budget: Budget, spent: float) -> Budget:
     """The budget of the one retry a search that timed nothing gets: its own plus the seconds
     the first attempt ran (whole seconds, up). The retry runs in the same process with the same
-    random seed, so its first configs are the ones just compiled, now in Triton's cache; on the
-    H200 47B's first dB/dC pass spent 78.5 s of a 30 s budget compiling its seeds (session 23)."""
+    random seed, so its first configs are the ones just compiled, now in Triton's cache. Not for a
+    search whose configs failed Helion's accuracy check (`no_config_reason`): more time does not help
+    there."""
     return budget.model_copy(update={"seconds_per_combo": (budget.seconds_per_combo or 0) + math.ceil(spent)})
 
 
@@ -226,8 +227,10 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
         except helion.exc.NoConfigFound as e:
             start = getattr(search, "_autotune_budget_start", None)
             spent = None if start is None else time.perf_counter() - start
-            reason = no_config_reason(e, spent, budget.seconds_per_combo)
-            if spent is not None and budget_ran_out(spent, budget.seconds_per_combo):
+            log = read_helion_log(log_base + ".csv")
+            dropped = log.dropped if log is not None else {}
+            reason = no_config_reason(e, spent, budget.seconds_per_combo, dropped)
+            if spent is not None and budget_ran_out(spent, budget.seconds_per_combo) and not dropped.get(ACCURACY):
                 raise BudgetRanOut(reason, spent) from None
             raise TuneFailure(reason) from None
     finally:
@@ -236,20 +239,35 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     return best, getattr(metrics, "num_configs_tested", None)
 
 
-def no_config_reason(e: Exception, spent: float | None, budget_s: int | None) -> str:
-    """The failure reason of a search that ended with Helion's NoConfigFound.
+# Helion's status, in its search log, of a config whose results differed from the default config's.
+ACCURACY = "accuracy_error"
 
-    When the budget clock had run out, the likely cause is not a broken kernel but a budget
-    shorter than the first generation's compiles: on the H200 the dB/dC backward's 19 seeds
-    took over 12 s to compile at one group, so a 12 s search timed none of them (Helion
-    then skips every config it has not timed yet). Say so, and what to change.
+
+def no_config_reason(e: Exception, spent: float | None, budget_s: int | None,
+                     dropped: dict[str, int] | None = None) -> str:
+    """The failure reason of a search that ended with Helion's NoConfigFound, from what its log
+    says it dropped (`dropped`: configs by Helion's status).
+
+    - Configs rejected by Helion's accuracy check: Helion compares each candidate's outputs and
+      every argument the kernel writes, in full, with the default config's run. When every one
+      differs, no budget helps: on the H200 (session 24) all 14 seeds and 30 random configs of
+      47B's first dB/dC pass differed where its S buffer is never written (it started as
+      torch.empty; tests/test_tuning_written_args.py now checks every record for this). Say so.
+    - Else, when the budget clock had run out, the likely cause is a budget shorter than the
+      first generation's compiles: on the H200 the dB/dC backward's 19 seeds took over 12 s to
+      compile at one group, so a 12 s search timed none of them. Say so, and what to change.
     """
     reason = f"autotune failed: {type(e).__name__}: {e}"
+    drops = ", ".join(f"{n} {status}" for status, n in sorted((dropped or {}).items()))
+    if (dropped or {}).get(ACCURACY):
+        return (f"{reason}: Helion's accuracy check rejected {dropped[ACCURACY]} of the configs it ran (dropped: {drops}): "
+                f"each differed from the default config's run in an output or an argument the kernel writes; a "
+                f"buffer the tuning problem leaves partly unwritten (torch.empty) differs so at every config")
     if spent is None or not budget_ran_out(spent, budget_s):
-        return reason
+        return f"{reason} (dropped: {drops})" if drops else reason
     return (f"{reason}: the {budget_s} s search budget ran out ({spent:.1f} s) before any config was timed, "
             f"most likely while its first configs compiled; give it more time (--seconds-per-combo, or "
-            f"budget.seconds_per_combo in the spec)")
+            f"budget.seconds_per_combo in the spec)" + (f" (dropped: {drops})" if drops else ""))
 
 
 def budget_ran_out(spent: float, budget_s: int | None) -> bool:

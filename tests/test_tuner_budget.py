@@ -2,7 +2,9 @@
 process with its budget plus the seconds it ran (its first configs are compiled by then), and a
 failure says so and what to change, instead of Helion's bare "No working config found" (on the
 H200, 12 s searches of the dB/dC backward at one group failed so: its 19 seeds take longer than
-that to compile; 30 s ones of 47B's first dB/dC pass spent 78.5 s compiling)."""
+that to compile). A search whose configs Helion's accuracy check rejected is not retried, and its
+failure names the check (47B's first dB/dC pass on the H200, session 24: every config differed
+from the default's where its S buffer was never written)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ def test_a_spent_budget_names_the_budget_and_the_option():
                          ids=["within-budget", "clock-unknown", "no-budget"])
 def test_otherwise_the_reason_is_helions(spent, budget_s):
     assert no_config_reason(NO_CONFIG, spent, budget_s) == "autotune failed: NoConfigFound: No working config found from autotuning"
+
+
+def test_accuracy_rejections_name_the_check_not_the_budget():
+    reason = no_config_reason(NO_CONFIG, 94.5, 90, {"accuracy_error": 40, "timeout": 3})
+    assert "Helion's accuracy check rejected 40 of the configs it ran (dropped: 40 accuracy_error, 3 timeout)" in reason
+    assert "partly unwritten" in reason
+    assert "budget ran out" not in reason and "--seconds-per-combo" not in reason
+
+
+def test_other_drops_are_listed():
+    assert no_config_reason(NO_CONFIG, 5.0, 12, {"timeout": 2, "error": 1}) == (
+        "autotune failed: NoConfigFound: No working config found from autotuning (dropped: 1 error, 2 timeout)")
+    assert no_config_reason(NO_CONFIG, 12.5, 12, {"timeout": 2}).endswith("budget.seconds_per_combo in the spec) (dropped: 2 timeout)")
 
 
 def test_the_retry_gets_its_budget_plus_the_seconds_the_first_search_ran():
