@@ -99,6 +99,21 @@ def _weight_variants(spec: Spec, kernel: KernelKey,
     return variants
 
 
+def short_timeout_warning(timeout_s: float | None, budget: Budget) -> str | None:
+    """A warning when a sweep's --timeout would likely kill its combos before they finish: under
+    twice the plan's estimate of a combo (`estimate_seconds_for`). Helion ends a search at the end
+    of the generation in which its budget ran out: on the H200 (session 24) 30 s searches of the
+    dB/dC backward ran 61-67 s and their combos took 108-117 s, so `--timeout 90` killed both."""
+    if timeout_s is None or budget.effort == "none":
+        return None
+    floor = 2 * estimate_seconds_for(budget)
+    if timeout_s >= floor:
+        return None
+    return (f"--timeout {timeout_s:g} s is under {floor:.0f} s, twice a combo's estimate "
+            f"({estimate_seconds_for(budget):.0f} s: the search budget + {CHECK_SECONDS:.0f} s of set-up and checks); "
+            "a search runs past its budget to finish a generation, so combos may be killed before they finish")
+
+
 def estimate_seconds_for(budget: Budget) -> float:
     """Estimated wall time of one combo under a budget."""
     search = EFFORT_SECONDS[budget.effort]

@@ -201,7 +201,7 @@ def sweep_command(
         help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
-    from autotune_cli.plan import plan, runs_for
+    from autotune_cli.plan import plan, runs_for, short_timeout_warning
     from autotune_cli.spec import SpecError, load_spec
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
     from mamba_tune.bundle import SpecRef
@@ -236,6 +236,9 @@ def sweep_command(
     if cpu_dry_run and budget.effort != "none":
         err.print("cpu dry run: no search (effort none), default configs only")
         budget = budget.model_copy(update={"effort": "none"})
+    warning = short_timeout_warning(timeout, budget)
+    if warning:
+        err.print(f"warning: {warning}", markup=False)
     sweep = Sweep(
         combos, budget=budget, tolerances=source.tolerances, target_sku=source.target_sku,
         bundle_name=source.bundle_name, spec_ref=source.spec_ref,
