@@ -106,11 +106,11 @@ def short_timeout_warning(timeout_s: float | None, budget: Budget) -> str | None
     dB/dC backward ran 61-67 s and their combos took 108-117 s, so `--timeout 90` killed both."""
     if timeout_s is None or budget.effort == "none":
         return None
-    floor = 2 * estimate_seconds_for(budget)
-    if timeout_s >= floor:
+    estimate = estimate_seconds_for(budget)
+    if timeout_s >= 2 * estimate:
         return None
-    return (f"--timeout {timeout_s:g} s is under {floor:.0f} s, twice a combo's estimate "
-            f"({estimate_seconds_for(budget):.0f} s: the search budget + {CHECK_SECONDS:.0f} s of set-up and checks); "
+    return (f"--timeout {timeout_s:g} s is under {2 * estimate:.0f} s, twice a combo's estimate "
+            f"({estimate:.0f} s: the search budget + {CHECK_SECONDS:.0f} s of set-up and checks); "
             "a search runs past its budget to finish a generation, so combos may be killed before they finish")
 
 

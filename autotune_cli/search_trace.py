@@ -23,6 +23,8 @@ from pathlib import Path
 MEASURED = frozenset(("ok",))
 # Statuses that say nothing about a config's outcome.
 NOT_OUTCOMES = frozenset(("started", "deduplicated"))
+# The status of a config whose results differed from the default config's (Helion's accuracy check).
+ACCURACY_ERROR = "accuracy_error"
 
 
 @dataclasses.dataclass(frozen=True)

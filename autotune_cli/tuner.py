@@ -22,7 +22,12 @@ import torch
 
 from autotune_cli.environment import now
 from autotune_cli.lowering import config_spec
-from autotune_cli.search_trace import SearchLog, describe_search_log, read_helion_log
+from autotune_cli.search_trace import (
+    ACCURACY_ERROR,
+    SearchLog,
+    describe_search_log,
+    read_helion_log,
+)
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import Problem, TunableKernel, get
@@ -230,17 +235,13 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
             log = read_helion_log(log_base + ".csv")
             dropped = log.dropped if log is not None else {}
             reason = no_config_reason(e, spent, budget.seconds_per_combo, dropped)
-            if spent is not None and budget_ran_out(spent, budget.seconds_per_combo) and not dropped.get(ACCURACY):
+            if spent is not None and budget_ran_out(spent, budget.seconds_per_combo) and not dropped.get(ACCURACY_ERROR):
                 raise BudgetRanOut(reason, spent) from None
             raise TuneFailure(reason) from None
     finally:
         settings.autotune_log = previous_log
     metrics = getattr(search, "_autotune_metrics", None)
     return best, getattr(metrics, "num_configs_tested", None)
-
-
-# Helion's status, in its search log, of a config whose results differed from the default config's.
-ACCURACY = "accuracy_error"
 
 
 def no_config_reason(e: Exception, spent: float | None, budget_s: int | None,
@@ -258,9 +259,10 @@ def no_config_reason(e: Exception, spent: float | None, budget_s: int | None,
       compile at one group, so a 12 s search timed none of them. Say so, and what to change.
     """
     reason = f"autotune failed: {type(e).__name__}: {e}"
-    drops = ", ".join(f"{n} {status}" for status, n in sorted((dropped or {}).items()))
-    if (dropped or {}).get(ACCURACY):
-        return (f"{reason}: Helion's accuracy check rejected {dropped[ACCURACY]} of the configs it ran (dropped: {drops}): "
+    dropped = dropped or {}
+    drops = ", ".join(f"{n} {status}" for status, n in sorted(dropped.items()))
+    if dropped.get(ACCURACY_ERROR):
+        return (f"{reason}: Helion's accuracy check rejected {dropped[ACCURACY_ERROR]} of the configs it ran (dropped: {drops}): "
                 f"each differed from the default config's run in an output or an argument the kernel writes; a "
                 f"buffer the tuning problem leaves partly unwritten (torch.empty) differs so at every config")
     if spent is None or not budget_ran_out(spent, budget_s):
