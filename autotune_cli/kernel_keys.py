@@ -217,6 +217,14 @@ def _dbdc_bmm(shape: ModelShape) -> dict[str, int] | None:
     return {**pick(mixer_dims(shape), BMM_BWD_DBDC_DIMS[:-1]), "runs": runs}
 
 
+def _dbdc_runs_sum(shape: ModelShape) -> dict[str, int] | None:
+    """The one dB/dC kernel's partials fold (`ssd_bwd_dbdc_runs_sum`), where it splits the heads."""
+    if two_pass_dbdc(shape.dstate):
+        return None
+    runs = dbdc_head_runs(shape.batch, -(-shape.seqlen // shape.chunk_size), shape.ngroups, shape.nheads)
+    return {**pick(mixer_dims(shape), DBDC_RUNS_SUM_DIMS[:-1]), "runs": runs} if runs > 1 else None
+
+
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
     # fused_bmm: mamba_tune.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
@@ -296,6 +304,8 @@ CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 # B5-B8 in two passes (per shape: two_pass_dbdc): the head-summed dCB and state terms, then the dots.
 DCB_DIMS = CHUNK_STATE_SCAN_BWD_DBDC_DIMS
 BMM_BWD_DBDC_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "runs")
+# The fp32 partials of the one dB/dC kernel's head runs folded in one launch (where it splits them).
+DBDC_RUNS_SUM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "runs")
 CHUNK_CUMSUM_BWD_DIMS = (*CHUNK_CUMSUM_DIMS, "row_partials", "last_partials")
 # Decoding.
 SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias",
@@ -336,6 +346,8 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
     KernelKey("ssd_chunk_state_scan_bwd_dcb", "ssd", DCB_DIMS, _dbdc_dcb, "mamba_tune.ssd.dbdc_two_pass:dcb_kernel"),
     KernelKey("ssd_bmm_bwd_dbdc", "ssd", BMM_BWD_DBDC_DIMS, _dbdc_bmm, "mamba_tune.ssd.dbdc_two_pass:dbdc_kernel"),
+    KernelKey("ssd_bwd_dbdc_runs_sum", "ssd", DBDC_RUNS_SUM_DIMS, _dbdc_runs_sum,
+              "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:runs_sum_kernel"),
     KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
               "mamba_tune.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
     KernelKey("selective_state_update", "ssd", SELECTIVE_STATE_UPDATE_DIMS, decode_dims,

@@ -149,7 +149,7 @@ def bwd_kernel_calls(shape: ModelShape, dtype: torch.dtype, device: torch.device
 
 def _bwd_call(rk: runtime.RuntimeKernel, args: tuple[Any, ...], summed: bool, dtype: torch.dtype) -> Any:
     result = runtime.run(rk, args)
-    return tuple(dbdc.sum_splits(t, dtype) for t in result) if summed else result
+    return dbdc.sum_runs(*result, dtype) if summed else result
 
 
 def _bench_bwd_kernels(shape: ModelShape, dtype: torch.dtype, rep_ms: int,

@@ -6,7 +6,8 @@ mamba-ssm's backward on the same inputs: our error against fp32 within twice mam
 plus atol, for every gradient; bitwise-equal gradients across runs; CUDA graph capture.
 ONE_GROUP (Mamba2 / Zamba2's one group of 80 heads) is where the dB/dC kernel splits a
 group's heads into runs with fp32 partials: the dB/dC stage, the gradients against mamba-ssm
-and the bitwise check run there too.
+and the bitwise check run there too, and the partials' fold in one kernel (MAMBA_TUNE_SSD_DBDC_SUM=kernel)
+against the torch sums.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
 
 @pytest.mark.parametrize("stage,shape", [*[pytest.param(s, NANO, id=s) for s in STAGES],
                                          pytest.param("ssd_chunk_state_scan_bwd_dbdc", ONE_GROUP, id="dbdc-one-group"),
-                                         pytest.param("ssd_state_passing_bwd", ONE_GROUP, id="walk-one-group")])
+                                         pytest.param("ssd_state_passing_bwd", ONE_GROUP, id="walk-one-group"),
+                                         pytest.param("ssd_bwd_dbdc_runs_sum", ONE_GROUP, id="runs-sum-one-group")])
 def test_backward_stage_at_model_size(stage, shape, nan_empty):
     tk = get(stage)
     dims = tk.dims_for(shape)
@@ -134,6 +136,40 @@ def test_backward_captures_in_a_cuda_graph():
     def step():
         out = mamba_chunk_scan_combined(leaves[0], leaves[1], i.A, leaves[2], i.C, i.chunk_size,
                                         **{k: v for k, v in i.kwargs().items()})
+        return torch.autograd.grad(out, leaves, dy)
+
+    eager = step()
+    graph, (captured,) = capture(step)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, c in zip(eager, captured, strict=True):
+        assert torch.equal(a, c)
+
+
+def test_the_runs_fold_kernel_gives_the_torch_paths_gradients(monkeypatch):
+    """At one group of 80 heads (8 head runs): the fold kernel's dB and dC within one bf16
+    rounding of the torch path's (the order of the fp32 adds may differ), every other gradient
+    bitwise the same; bitwise equal across runs; captured in a CUDA graph."""
+    from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
+
+    i = _inputs({"has_seq_idx": 1, "has_initial_states": 1}, 8, shape=ONE_GROUP)
+    gen = torch.Generator(device="cpu").manual_seed(8)
+    dy = torch.randn(*i.x.shape, generator=gen).to(torch.bfloat16).cuda()
+    monkeypatch.setenv(one.SUM_VAR, "torch")
+    want = _grads(mamba_chunk_scan_combined, i, dy, None)
+    monkeypatch.setenv(one.SUM_VAR, "kernel")
+    got, again = _grads(mamba_chunk_scan_combined, i, dy, None), _grads(mamba_chunk_scan_combined, i, dy, None)
+    for name in want:
+        assert torch.equal(got[name], again[name]), f"d{name} differs between two runs"
+        if name in ("B", "C"):
+            diff = (got[name].float() - want[name].float()).abs()
+            assert (diff <= 2 ** -8 * want[name].float().abs() + 1e-6).all(), f"d{name}: {diff.max().item():.3e}"
+        else:
+            assert torch.equal(got[name], want[name]), f"d{name} changed with the sum path"
+    leaves = [i.x.detach().requires_grad_(), i.B.detach().requires_grad_(), i.C.detach().requires_grad_()]
+
+    def step():
+        out = mamba_chunk_scan_combined(leaves[0], i.dt, i.A, leaves[1], leaves[2], i.chunk_size, **i.kwargs())
         return torch.autograd.grad(out, leaves, dy)
 
     eager = step()

@@ -1,4 +1,5 @@
-"""Tuning record of `kernels/ssd/chunk_state_scan_bwd_dbdc.py` (B5-B8 of the SSD backward): inputs at a shape, the fp32 check, the baseline, seeds."""
+"""Tuning records of `kernels/ssd/chunk_state_scan_bwd_dbdc.py` (B5-B8 of the SSD backward, and the
+fold of its head runs' partials): inputs at a shape, the fp32 check, the baseline, seeds."""
 
 from __future__ import annotations
 
@@ -123,4 +124,53 @@ SSD_CHUNK_STATE_SCAN_BWD_DBDC = TunableKernel(
     description="SSD B5+B6+B7+B8 fused: dB and dC summed over each group's heads in order, dCB in registers "
                     "(mamba-ssm _chunk_state_bwd_db_kernel + _chunk_scan_bwd_dc_kernel + _chunk_scan_bwd_dcb_kernel "
                     "+ _bmm_chunk_bwd_kernel x2)",
+)
+
+
+def _runs_sum_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    """The head runs' fp32 partials of dB and dC at these dims, as the one kernel leaves them."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (dims["runs"], dims["batch"], dims["seqlen"], dims["ngroups"], dims["dstate"])
+    dB_part, dC_part = (torch.randn(shape, generator=gen).to(device) for _ in range(2))
+    dB = torch.empty(shape[1:], dtype=dtype, device=device)
+    dC = torch.empty_like(dB)
+
+    def reference(lowp: bool) -> dict[str, torch.Tensor]:
+        # fp64 sums; lowp: the torch path's fp32 sum, then rounded to the model's dtype.
+        if lowp:
+            return {"dB": dB_part.sum(0).to(dtype).float(), "dC": dC_part.sum(0).to(dtype).float()}
+        return {"dB": dB_part.double().sum(0).float(), "dC": dC_part.double().sum(0).float()}
+
+    return Problem(
+        args=(dB_part, dC_part, dB, dC),
+        reference=lambda: reference(False),
+        lowp_reference=lambda: reference(True),
+        outputs=lambda res: {"dB": res[0].float(), "dC": res[1].float()},
+        bytes_moved=2 * dB_part.numel() * 4 + 2 * dB.numel() * dB.element_size(),
+    )
+
+
+def _runs_sum_baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Baseline | None:
+    """What the fold replaces: the torch sums and casts of the host's "torch" path (mamba-ssm too
+    adds its head-split partials with torch ops)."""
+    if device.type != "cuda":
+        return None
+    p = _runs_sum_problem(dims, dtype, device, seed)
+    dB_part, dC_part = p.args[0], p.args[1]
+    return Baseline(f"torch {torch.__version__} sum + cast",
+                    lambda: (kernel.sum_splits(dB_part, dtype), kernel.sum_splits(dC_part, dtype)))
+
+
+# block_sizes = [positions per program] (each a whole dstate row of both sides).
+_RUNS_SUM_SEEDS = inputs.fixed_seeds([([32], 4, 2), ([16], 4, 2), ([64], 8, 2), ([8], 2, 2)])
+
+
+SSD_BWD_DBDC_RUNS_SUM = TunableKernel(
+    runtime=kernel.SSD_BWD_DBDC_RUNS_SUM,
+    dims_for=all_keys()["ssd_bwd_dbdc_runs_sum"].dims_for,
+    make_problem=_runs_sum_problem,
+    make_baseline=_runs_sum_baseline,
+    seed_configs=_RUNS_SUM_SEEDS,
+    description="SSD B5-B8's head-run partials: dB's and dC's fp32 partials summed in order and rounded, one "
+                "launch (the host's torch sum + cast, twice; mamba-ssm sums its head-split partials with torch)",
 )
