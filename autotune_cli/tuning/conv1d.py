@@ -11,8 +11,9 @@ The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32
 dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
 first one's baseline is the package's whole backward (dx included: the sum of both
 kernels' times is what compares with it); the second has none (no library runs that
-stencil alone). `causal_conv1d_bwd_fused` is the backward in one kernel (dx, dweight, dbias,
-dinitial_states), with the package's whole backward as its baseline.
+stencil alone). `causal_conv1d_bwd_fused` and `causal_conv1d_bwd_slide` are the backward in one
+kernel each (dx, dweight, dbias, dinitial_states: the same call), with the package's whole backward
+as their baseline.
 """
 
 from __future__ import annotations
@@ -436,6 +437,16 @@ def _bwd_fused_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
+def _bwd_slide_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    # One row of channels per step: 128-512 channels (256 B-1 KB of bf16), 128-1024 positions per
+    # program (the halo's 2 (width - 1) extra steps against the programs' count), the step loop
+    # pipelined 2-4 deep or unrolled (loads in flight).
+    return _unique([conv.CAUSAL_CONV1D_BWD_SLIDE.default_config(dims)]
+                   + [conv.slide_config(dims, bd, chunk, w, st, un) for bd, chunk, w, st, un
+                      in ((512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (256, 256, 4, 2, 2),
+                          (256, 128, 8, 3, 0), (512, 1024, 8, 2, 4))])
+
+
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # A stencil like the forward: the forward's tiles.
     return _unique([conv.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
@@ -486,6 +497,17 @@ CAUSAL_CONV1D_BWD_FUSED = TunableKernel(
                 "MAMBA_TUNE_CONV1D_BWD=fused)",
 )
 
+CAUSAL_CONV1D_BWD_SLIDE = TunableKernel(
+    runtime=conv.CAUSAL_CONV1D_BWD_SLIDE,
+    dims_for=_bwd_fused_dims_for,
+    make_problem=_make_bwd_fused_problem,
+    make_baseline=_baseline_bwd,
+    seed_configs=_bwd_slide_seeds,
+    description="causal depthwise conv1d backward in one kernel, one position's row of channels per step: dx, "
+                "dweight, dbias, dinitial_states, the taps of x and dpre kept from the steps before "
+                "(causal-conv1d causal_conv1d_bwd; run with MAMBA_TUNE_CONV1D_BWD=slide)",
+)
+
 CAUSAL_CONV1D_UPDATE = TunableKernel(
     runtime=update.CAUSAL_CONV1D_UPDATE,
     dims_for=_update_dims_for,
@@ -495,4 +517,5 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_FUSED, CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_FUSED, CAUSAL_CONV1D_BWD_SLIDE,
+           CAUSAL_CONV1D_UPDATE)

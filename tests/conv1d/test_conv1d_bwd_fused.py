@@ -59,7 +59,7 @@ def test_the_variable_picks_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path) 
     assert _kernels_run(case, monkeypatch, "fused", tmp_path) == {"causal_conv1d_bwd_fused"}
     assert _kernels_run(case, monkeypatch, "split", tmp_path) == {"causal_conv1d_bwd", "causal_conv1d_bwd_dx"}
     monkeypatch.delenv(conv.BWD_PATH)
-    assert not conv.fused_bwd()  # the two kernels until the one is timed on a GPU
+    assert conv.bwd_path() == "split"  # the two kernels until the one is timed on a GPU
     # dx in dout's memory: programs of the one kernel would read dout where others write dx.
     dout = case.dout.clone()
     case.dout = dout
@@ -69,5 +69,5 @@ def test_the_variable_picks_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path) 
 
 def test_a_bad_value_of_the_variable_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(conv.BWD_PATH, "one")
-    with pytest.raises(ValueError, match=r"MAMBA_TUNE_CONV1D_BWD='one': expected 'fused', 'split' or unset"):
-        conv.fused_bwd()
+    with pytest.raises(ValueError, match=r"MAMBA_TUNE_CONV1D_BWD='one': expected 'fused', 'slide', 'split' or unset"):
+        conv.bwd_path()

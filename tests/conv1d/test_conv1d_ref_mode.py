@@ -21,9 +21,10 @@ from mamba_tune.conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
 pytestmark = pytest.mark.usefixtures("conv_ref_mode", "bwd_path")
 
 
-@pytest.fixture(autouse=True, params=["split", "fused"])
+@pytest.fixture(autouse=True, params=["split", "fused", "slide"])
 def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on both backward paths: two kernels through the fp32 dpre buffer, and one."""
+    """Every test on each backward path: two kernels through the fp32 dpre buffer, and the two
+    one-kernel forms (the slide one where x is channel-last; elsewhere it takes the two)."""
     monkeypatch.setenv(conv.BWD_PATH, request.param)
     return request.param
 
@@ -228,15 +229,16 @@ def test_explicit_forward_and_backward(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_dx_may_be_written_over_dout(layout: str) -> None:
-    # The first kernel reads all of dout (into dpre) before the second writes dx; the one kernel
-    # would read dout where other programs write dx, so that call takes the two kernels.
+def test_dx_may_be_written_over_dout(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first kernel reads all of dout (into dpre) before the second writes dx; the one-kernel
+    # forms would read dout where other programs write dx, so that call takes the two kernels.
     case = Case(layout, 4, "seq_idx-bias-silu")
-    expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
-                               True)
     dout = case.dout.clone()
     got = conv1d_backward(case.x, case.weight, case.bias, dout, case.seq_idx, None, None, dout, False, True)
     assert got[0] is dout
+    monkeypatch.setenv(conv.BWD_PATH, "split")
+    expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
+                               True)
     for a, b in zip(got[:3], expected[:3], strict=True):
         assert torch.equal(a, b)
 
