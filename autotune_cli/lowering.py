@@ -40,6 +40,56 @@ def triton_source(bound: Any, config: Any) -> str:
     return code
 
 
+def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90) -> Any:
+    """Compile the config's Triton kernel down to a cubin for a CUDA GPU of this compute
+    capability (90: the H200), on a CPU: Triton's whole compiler (TTIR, TTGIR, LLVM, PTX, ptxas),
+    further than `triton_source`. The host code runs on `args` (CPU tensors, their data unread)
+    up to its launch, which is caught: the kernel, its arguments, warps and stages. Pointers
+    aligned to 16 bytes and ints divisible by 16 are specialized as a launch on the GPU does, so
+    the software pipeline the compiler builds is the one the GPU gets. Returns Triton's compiled
+    kernel (`.asm["ptx"]`, `.metadata.shared`); raises the compiler's error."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    launch: dict[str, Any] = {}
+
+    def catch(kernel: Any, grid: Any, *kargs: Any, num_warps: int, num_stages: int, **_kw: Any) -> None:
+        launch.update(kernel=kernel, args=kargs, num_warps=num_warps, num_stages=num_stages)
+
+    bound.compile_config(config, allow_print=False)(*args, _launcher=catch)
+    if not launch:
+        raise RuntimeError(f"{bound.kernel.name}: the host code launched no kernel")
+    kernel = launch["kernel"]
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+             torch.int64: "i64", torch.bool: "i1", torch.int8: "i8", torch.uint8: "u8"}
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, (name, param, a) in enumerate(zip(kernel.arg_names, kernel.params, launch["args"], strict=True)):
+        if param.is_constexpr:
+            constexprs[name] = a
+            continue
+        if isinstance(a, torch.Tensor):
+            signature[name] = "*" + names[a.dtype]
+            aligned = a.data_ptr() % 16 == 0
+        elif isinstance(a, bool):
+            signature[name], aligned = "i1", False
+        elif isinstance(a, int):
+            signature[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+            aligned = a % 16 == 0
+        elif isinstance(a, float):
+            signature[name], aligned = "fp32", False
+        else:
+            raise TypeError(f"{bound.kernel.name}: launch argument {name} of type {type(a).__name__}")
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]})
+
+
 # Config keys that Helion only accepts when the local device is a CUDA GPU of the right
 # capability (ConfigSpec.supports_config_key); a CPU box cannot lower them as given.
 DEVICE_ONLY_KEYS = ("host_tensor_descriptors",)

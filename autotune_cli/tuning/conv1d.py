@@ -444,7 +444,7 @@ def _bwd_slide_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     return _unique([conv.CAUSAL_CONV1D_BWD_SLIDE.default_config(dims)]
                    + [conv.slide_config(dims, bd, chunk, w, st, un) for bd, chunk, w, st, un
                       in ((512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (256, 256, 4, 2, 2),
-                          (256, 128, 8, 3, 0), (512, 1024, 8, 2, 4))])
+                          (256, 128, 4, 4, 0), (512, 1024, 8, 2, 4))])
 
 
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
