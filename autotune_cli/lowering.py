@@ -90,6 +90,31 @@ def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: 
                           options={"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]})
 
 
+def ptxas_usage(compiled: Any, capability: int = 90) -> dict[str, int]:
+    """What ptxas reports for a `compile_for_gpu` kernel: registers per thread and spill bytes
+    (stores, loads): the occupancy a config gets and whether its live values fit, on the CPU."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(compiled.asm["ptx"])
+        f.flush()
+        res = subprocess.run([get_ptxas(capability).path, "-v", "--gpu-name", arch, f.name, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"ptxas failed: {res.stderr.strip()[-500:]}")
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    if regs is None or spills is None:
+        raise RuntimeError(f"ptxas -v printed no usage: {res.stderr.strip()[-500:]}")
+    return {"registers": int(regs.group(1)), "spill_stores": int(spills.group(1)),
+            "spill_loads": int(spills.group(2))}
+
+
 # Config keys that Helion only accepts when the local device is a CUDA GPU of the right
 # capability (ConfigSpec.supports_config_key); a CPU box cannot lower them as given.
 DEVICE_ONLY_KEYS = ("host_tensor_descriptors",)
