@@ -40,14 +40,16 @@ def triton_source(bound: Any, config: Any) -> str:
     return code
 
 
-def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90) -> Any:
+def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90, num_sms: int = 132) -> Any:
     """Compile the config's Triton kernel down to a cubin for a CUDA GPU of this compute
     capability (90: the H200), on a CPU: Triton's whole compiler (TTIR, TTGIR, LLVM, PTX, ptxas),
     further than `triton_source`. The host code runs on `args` (CPU tensors, their data unread)
     up to its launch, which is caught: the kernel, its arguments, warps and stages. Pointers
     aligned to 16 bytes and ints divisible by 16 are specialized as a launch on the GPU does, so
-    the software pipeline the compiler builds is the one the GPU gets. Returns Triton's compiled
-    kernel (`.asm["ptx"]`, `.metadata.shared`); raises the compiler's error."""
+    the software pipeline the compiler builds is the one the GPU gets; a persistent kernel's host
+    code sizes its grid by `num_sms` (the H200's 132). Returns Triton's compiled kernel
+    (`.asm["ptx"]`, `.metadata.shared`); raises the compiler's error."""
+    import helion.runtime
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -58,7 +60,13 @@ def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: 
     def catch(kernel: Any, grid: Any, *kargs: Any, num_warps: int, num_stages: int, **_kw: Any) -> None:
         launch.update(kernel=kernel, args=kargs, num_warps=num_warps, num_stages=num_stages)
 
-    bound.compile_config(config, allow_print=False)(*args, _launcher=catch)
+    host = bound.compile_config(config, allow_print=False)
+    get_num_sm = helion.runtime.get_num_sm
+    helion.runtime.get_num_sm = lambda device, *a, **k: num_sms if device.type == "cpu" else get_num_sm(device, *a, **k)
+    try:
+        host(*args, _launcher=catch)
+    finally:
+        helion.runtime.get_num_sm = get_num_sm
     if not launch:
         raise RuntimeError(f"{bound.kernel.name}: the host code launched no kernel")
     kernel = launch["kernel"]
