@@ -159,6 +159,33 @@ def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
     return problems
 
 
+def compile_bundle(bundle: Bundle) -> list[tuple[str, dict[str, int] | None, str | None]]:
+    """Every entry's config compiled for the bundle's GPU (`compile_for_gpu`, `ptxas_usage`):
+    (key, {"registers", "spill_stores", "spill_loads", "shared"} or None, the error or None)."""
+    import helion
+
+    from autotune_cli.tuning import all_kernels
+
+    capability = int(bundle.provenance.gpu.arch.removeprefix("sm"))
+    kernels = all_kernels()
+    results: list[tuple[str, dict[str, int] | None, str | None]] = []
+    for key, entry in bundle.entries.items():
+        tk = kernels.get(entry.kernel)
+        if tk is None:
+            results.append((key, None, f"unknown kernel {entry.kernel!r}"))
+            continue
+        config, _notes = cpu_loweable(entry.config)
+        try:
+            with compiled_mode(tk.kernel):
+                args = shape_args(tk, entry.dims, entry.dtype)
+                compiled = compile_for_gpu(tk.kernel.bind(args), helion.Config.from_dict(config), args, capability)
+            results.append((key, {**ptxas_usage(compiled, capability), "shared": compiled.metadata.shared}, None))
+        except Exception as e:  # a compiler error is the finding, reported per entry
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            results.append((key, None, f"{type(e).__name__}: {first}"))
+    return results
+
+
 @contextlib.contextmanager
 def compiled_mode(kernel: Any) -> Iterator[None]:
     """The kernel in Helion's compiled mode for the block, whatever HELION_INTERPRET says

@@ -121,6 +121,31 @@ def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
     assert "config does not lower" in r.stderr and "power of two" in r.stderr
 
 
+def test_validate_compile_compiles_each_config_for_the_bundles_gpu(clean_env, tmp_path):
+    # Two entries of the Mamba2 bundle: its norm backward (the 5120-wide group, 32 warps) and its
+    # cumsum backward, compiled to sm_90 cubins on the CPU, ptxas's usage read back.
+    import json
+
+    from autotune_cli.lowering import compile_bundle
+
+    src = next((p for p in find_bundles(default_bundle_paths()) if p.name == "mamba2-2.7b.json"), None)
+    if src is None:
+        pytest.skip("no committed Mamba2 bundle")
+    data = json.loads(src.read_text())
+    keys = [next(k for k in sorted(data["entries"]) if data["entries"][k]["kernel"] == name)
+            for name in ("gated_norm_bwd", "ssd_chunk_cumsum_bwd")]
+    data["entries"] = {k: data["entries"][k] for k in keys}
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, "-m", "autotune_cli", "validate", "--compile", str(two)], env=clean_env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2/2 configs compile for sm90" in r.stdout, r.stdout
+    usage = {k: u for k, u, why in compile_bundle(load_bundle(two)) if why is None}
+    assert set(usage) == set(keys)
+    assert all(0 < u["registers"] <= 255 for u in usage.values()), usage
+
+
 BAD_SEEDS = """
 import dataclasses
 from autotune_cli.lowering import check_seeds

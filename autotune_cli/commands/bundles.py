@@ -46,8 +46,12 @@ def validate_command(
                                                 exists=True)],
     lower: Annotated[bool, typer.Option(help="Also lower every bundle config with Helion's compiler "
                                              "(CPU, no GPU): catches configs the current code rejects.")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", help="Also compile every bundle config down to a cubin for "
+                                           "the bundle's GPU with Triton and ptxas (CPU, no GPU): catches configs "
+                                           "that no longer compile; warns of register spills.")] = False,
 ) -> None:
-    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if Helion rejects a config.
+    """Validate sweep specs and config bundles; exit 2 on the first invalid file, 1 if a config is rejected (or does
+    not lower or compile, with --lower or --compile).
 
     Specs are checked without torch or helion; a bundle's configs are checked against
     their kernels' config spaces, which imports both (only when a bundle is given)."""
@@ -87,6 +91,23 @@ def validate_command(
                         err.print(f"[red]{escape(f'{f}: {key}: config does not lower: {why}')}")
                     lowering_failed |= bool(bad)
                     msg += f", {len(bundle.entries) - len(bad)}/{len(bundle.entries)} configs lower"
+                if compile_ and g.arch != "cpu":
+                    from autotune_cli.lowering import compile_bundle
+
+                    compiled = compile_bundle(bundle)
+                    for key, usage, why in compiled:
+                        if why is not None:
+                            err.print(f"{f}: {key}: config does not compile for {g.arch}: {why}", style="red",
+                                      markup=False)
+                        elif usage["spill_stores"] or usage["spill_loads"]:
+                            err.print(f"{f}: {key}: {usage['registers']} registers, spills "
+                                      f"{usage['spill_stores']} B stored / {usage['spill_loads']} B loaded",
+                                      style="yellow", markup=False)
+                    failed = sum(why is not None for _k, _u, why in compiled)
+                    spilled = sum(bool(u and (u["spill_stores"] or u["spill_loads"])) for _k, u, _w in compiled)
+                    lowering_failed |= bool(failed)
+                    msg += (f", {len(compiled) - failed}/{len(compiled)} configs compile for {g.arch}"
+                            f" ({spilled} spill)")
                 out.print(msg, markup=False)
             else:
                 fail(f"{f}: not a spec (.yaml) or bundle (.json)")
