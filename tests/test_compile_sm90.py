@@ -6,7 +6,7 @@ there does. Here: the kernels written while no GPU was lent (session 25), their 
 and every search seed, at the real shapes the sweep tunes them at, so that a device session does
 not start by finding a compile error. The slide conv1d backward steps one row per loop iteration:
 its loads must reach the software pipeline (shared-memory stages), or a row per step leaves the
-memory system idle. (Triton here is the CPU install's, which may be newer than the GPU host's.)
+memory system idle. (The test extra pins the H200 host's Triton, 3.6.0, so this is the GPU's compiler.)
 """
 
 from __future__ import annotations
