@@ -355,7 +355,6 @@ SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(
 )
 
 
-
 # The head runs' fold (`sum_runs` on the "kernel" path): dB's dims and the run count, the
 # trip count of its loop (a static range in some configs, so a key dim).
 RUNS_SUM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "runs")
@@ -367,7 +366,7 @@ def _runs_sum_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate, "runs": runs}
 
 
-# Default (no tuned entry): 32 positions of a whole dstate per program (8192 fp32 elements of
+# Default (no tuned entry): 32 positions of a whole dstate row per program (32 x dstate fp32 values of
 # each side's partials a step), 4 warps: a streaming fold, memory-bound.
 _RUNS_SUM_DEFAULT = common.clamped_default([32], ("seqlen",), 4, 2)
 
