@@ -1,7 +1,7 @@
 """Start-up: the commands that only read specs and bundles import neither torch nor helion.
 
 Importing torch and helion takes seconds; `mamba-tune --help`, `plan`, `validate` of specs,
-`show`, `diff`, `check` (until a bundle entry's config is checked) and `report` need neither.
+`show`, `diff`, `check` (until a bundle entry's config is checked), `report` and `results` need neither.
 Validating a bundle checks its configs against their kernels' config spaces with Helion, so
 it imports both (only then). Checked on the modules a fresh interpreter has loaded, not on
 timings, so that a busy machine cannot make it flaky.
@@ -56,6 +56,7 @@ def test_light_commands_import_no_torch_or_helion(clean_env: dict[str, str], tmp
         # check their configs, as `validate` of a bundle does.
         ["check", spec, "--bundles", str(tmp_path / "no-bundles")],
         ["report", f"{bundles}/nemotron-nano.json", "-o", str(tmp_path / "report")],
+        ["results", "benchmarks/results", "-o", str(tmp_path / "results.md")],
         ["sweep", "--help"],
         ["bench", "--help"],
     ]
