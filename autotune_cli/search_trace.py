@@ -7,7 +7,8 @@ config's generation, a status ("ok" for a config it benchmarked, "error", "timeo
 milliseconds and the config's compile seconds. The tuner points every search at such a base
 path and keeps, in the bundle entry's `search.trace`, the improvement frontier: [seconds into
 the search, best milliseconds so far] at each config that beat every earlier one. `mamba-tune
-report` draws it, and says how long each search took to come within 1% of where it ended.
+report` draws it, and says how long each search took to come within 1% of where it ended;
+`mamba-tune searches A B` sets two searches of the same combos side by side (`compare`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import csv
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 # Statuses Helion gives a config that was benchmarked and measured.
 MEASURED = frozenset(("ok",))
@@ -94,6 +96,30 @@ def within_1pct_note(trace: Sequence[Sequence[float]] | None) -> str:
     (empty without a trace)."""
     w = seconds_to_within(trace or (), 1.0)
     return "" if w is None else f", within 1% at {w:.0f} s"
+
+
+def compare(a: Mapping[str, Any], b: Mapping[str, Any], pct: float) -> list[str]:
+    """Two bundles' searches of the keys both hold (entries by key), one line each in key order:
+    each final best, and the seconds each took to come within pct percent of the better of the
+    two ("never" where it did not), with the ratio A / B."""
+
+    def fmt(s: float | None) -> str:
+        return "never" if s is None else f"{s:.1f} s"
+
+    lines = []
+    for key in sorted(set(a) & set(b)):
+        ta, tb = a[key].search.trace, b[key].search.trace
+        if not ta or not tb:
+            lines.append(f"{key}: no trace in {'A' if not ta else 'B'}")
+            continue
+        best = min(ta[-1][1], tb[-1][1])
+        target = best * (1 + pct / 100)
+        sa = next((float(t) for t, ms in ta if ms <= target), None)
+        sb = next((float(t) for t, ms in tb if ms <= target), None)
+        ratio = f"{sa / sb:.2f}x" if sa is not None and sb else "-"
+        lines.append(f"{key}: final best A {ta[-1][1]:.4f} ms, B {tb[-1][1]:.4f} ms; within {pct:g}% of "
+                     f"{best:.4f} ms: A {fmt(sa)}, B {fmt(sb)} (A / B {ratio})")
+    return lines
 
 
 def _float(v: str | None) -> float | None:

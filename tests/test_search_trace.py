@@ -137,12 +137,12 @@ def test_a_real_search_leaves_its_trace(capsys: pytest.CaptureFixture[str]) -> N
     assert "search log: " in capsys.readouterr().err
 
 
-def test_compare_searches_says_which_came_within_one_percent_sooner(tmp_path: Path) -> None:
-    """scripts/compare_searches.py on two bundles of the same combo (cold and warm-started
+def test_searches_says_which_came_within_one_percent_sooner(tmp_path: Path) -> None:
+    """`mamba-tune searches A B` on two bundles of the same combo (cold and warm-started
     searches): each final best, and when each came within 1% of the better one."""
-    import subprocess
-    import sys
+    from typer.testing import CliRunner
 
+    from autotune_cli.app import app
     from mamba_tune.bundle import write_bundle
 
     e = entry()
@@ -150,17 +150,21 @@ def test_compare_searches_says_which_came_within_one_percent_sooner(tmp_path: Pa
     def traced(trace: list[tuple[float, float]]):  # noqa: ANN202
         return bundle(e.model_copy(update={"search": e.search.model_copy(update={"trace": trace})}))
 
-    cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
+    cold, warm, other = tmp_path / "cold.json", tmp_path / "warm.json", tmp_path / "other.json"
     write_bundle(traced([(2.0, 0.30), (30.0, 0.105), (50.0, 0.1004)]), cold)
     write_bundle(traced([(1.0, 0.1009), (20.0, 0.1)]), warm)
-    script = Path(__file__).parent.parent / "scripts" / "compare_searches.py"
-    r = subprocess.run([sys.executable, str(script), str(cold), str(warm)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == (f"{e.key}: final best A 0.1004 ms, B 0.1000 ms; within 1% of 0.1000 ms: "
+    r = CliRunner().invoke(app, ["searches", str(cold), str(warm)])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == (f"{e.key}: final best A 0.1004 ms, B 0.1000 ms; within 1% of 0.1000 ms: "
                                 "A 50.0 s, B 1.0 s (A / B 50.00x)")
-    r = subprocess.run([sys.executable, str(script), str(cold), str(tmp_path / "none.json")], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 2 and "compare_searches: " in r.stderr and "\n" not in r.stderr.strip()
+    r = CliRunner().invoke(app, ["searches", str(cold), str(warm), "--pct", "0"])
+    assert r.exit_code == 0 and "A never, B 20.0 s (A / B -)" in r.output, r.output
+    other.write_text("{}", encoding="utf-8")
+    r = CliRunner().invoke(app, ["searches", str(cold), str(other)])
+    assert r.exit_code == 2 and str(other) in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    write_bundle(bundle(), other)  # no entry in common: nothing to compare
+    r = CliRunner().invoke(app, ["searches", str(cold), str(other)])
+    assert r.exit_code == 1 and "share no entry" in r.output, r.output
 
 
 def test_the_sweeps_combo_line_says_when_the_search_came_within_one_percent() -> None:

@@ -1,4 +1,4 @@
-"""`mamba-tune diff`, `check`, `verify` and `report`: reviewing bundles in PRs and CI.
+"""`mamba-tune diff`, `check`, `verify`, `report` and `searches`: reviewing bundles in PRs and CI.
 
 Exit codes: 0 ok; 1 the check failed (a regression over --fail-on-regression, a combo
 missing or stale, an entry that fails verification); 2 bad input (unreadable or invalid
@@ -222,8 +222,31 @@ def report_command(
         out.print(str(path), markup=False, highlight=False)
 
 
+def searches_command(
+    a: Annotated[Path, typer.Argument(metavar="A", help="A bundle (.json).", exists=True, dir_okay=False)],
+    b: Annotated[Path, typer.Argument(metavar="B", help="A bundle of the same combos (.json).", exists=True,
+                                      dir_okay=False)],
+    pct: Annotated[float, typer.Option(metavar="PCT", min=0, help="How close to the better final best counts "
+                                       "(percent).")] = 1.0,
+) -> None:
+    """Two searches of the same combos side by side, from their entries' traces (e.g. `tune` with and
+    without --warm-start): each final best, and how soon each came within PCT% of the better one."""
+    from autotune_cli.search_trace import compare
+    from mamba_tune.bundle import BundleError, load_bundle
+
+    try:
+        bundle_a, bundle_b = load_bundle(a), load_bundle(b)
+    except BundleError as e:
+        fail(str(e))
+    lines = compare(bundle_a.entries, bundle_b.entries, pct)
+    if not lines:
+        fail(f"{a} and {b} share no entry", EXIT_CHECK_FAILED)
+    _print_raw("\n".join(lines))
+
+
 def register(app: typer.Typer) -> None:
     app.command("diff", cls=Command)(diff_command)
     app.command("check", cls=Command)(check_command)
     app.command("verify", cls=Command)(verify_command)
     app.command("report", cls=Command)(report_command)
+    app.command("searches", cls=Command)(searches_command)

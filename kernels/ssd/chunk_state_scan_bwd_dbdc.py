@@ -238,7 +238,7 @@ TARGET_PROGRAMS = 512
 
 
 # A positive integer here overrides the rule's run count (capped at the heads per group), to time
-# the whole step at other splits (scripts/dbdc_head_splits.py times the kernel alone).
+# the whole step at other splits (experiments/ssd_bwd_paths/dbdc_head_splits.py times the kernel alone).
 SPLITS_VAR = "MAMBA_TUNE_SSD_DBDC_SPLITS"
 
 

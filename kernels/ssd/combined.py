@@ -102,7 +102,7 @@ DBDC_PATH = "MAMBA_TUNE_SSD_DBDC"
 def two_pass_dbdc(dstate: int) -> bool:
     """Whether the backward takes dB and dC in two passes (`dbdc_two_pass`) at this shape: at
     dstate >= 256, where the one kernel rebuilds each dCB tile for every dstate block it holds.
-    Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `scripts/dbdc_paths.py`; one
+    Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `experiments/ssd_bwd_paths/dbdc_paths.py`; one
     kernel on its bundle entry / two passes on their defaults / mamba-ssm, ms): Nemotron-H 47B
     (dstate 256) 5.194 / 4.058 / 4.092; at dstate <= 128 the one kernel: Nemotron-3 Nano
     0.645 / 0.831 / 1.058, Mamba2-2.7B 1.184 / 1.390 / 1.183, Zamba2-2.7B (dstate 64)

@@ -1,4 +1,4 @@
-"""The GPU scripts' preset arguments: `PRESET[@TP]` (tensor-parallel degree TP, default 1)."""
+"""The ssd_bwd_paths probes' preset arguments: `PRESET[@TP]` (tensor-parallel degree TP, default 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GPU scripts' shared argument handling (`scripts/preset_args.py`), on the CPU."""
+"""The probes' shared argument handling (`preset_args.py`) and their exit without a GPU, on the CPU."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+HERE = Path(__file__).resolve().parent
+EXPERIMENTS = HERE.parent
 
 
 def _preset_args():  # noqa: ANN202 - the module
-    spec = importlib.util.spec_from_file_location("preset_args", SCRIPTS / "preset_args.py")
+    spec = importlib.util.spec_from_file_location("preset_args", HERE / "preset_args.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -49,13 +50,14 @@ def test_a_preset_that_raises_does_not_stop_the_others(monkeypatch, capsys):
     assert pa.run_per_preset(["nope"], [], "prog", one) == 2
 
 
-@pytest.mark.parametrize("script", ["dbdc_paths.py", "dbdc_sides.py", "state_passing_bwd_paths.py"])
+@pytest.mark.parametrize("script", ["ssd_bwd_paths/dbdc_paths.py", "ssd_bwd_paths/dbdc_head_splits.py",
+                                    "ssd_bwd_paths/state_passing_bwd_paths.py", "host_cost/host_cost.py"])
 def test_scripts_without_a_gpu_say_so(script):
     import subprocess
     import sys
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPTS / script), "falcon-h1-0.5b"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(EXPERIMENTS / script)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and r.stderr.strip().endswith("needs a CUDA GPU"), r.stderr

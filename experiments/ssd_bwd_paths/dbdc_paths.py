@@ -1,7 +1,7 @@
 """dB and dC (B5-B8) both ways, timed on the GPU: the one kernel (`chunk_state_scan_bwd_dbdc`)
 against the two passes (`dbdc_two_pass`: each dCB tile once, through a head-summed buffer).
 
-    python scripts/dbdc_paths.py [PRESET[@TP] ...]
+    python experiments/ssd_bwd_paths/dbdc_paths.py [PRESET[@TP] ...]
 
 At each preset's dims (tensor-parallel degree TP, default 1; bf16, batch 2, seqlen 8192, no z, no
 seq_idx: the tuning record's problem, so the dx kernel's sums are added too) it prints:

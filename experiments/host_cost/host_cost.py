@@ -1,6 +1,6 @@
 """Host cost per call of the project's launch path against a plain Triton launch (GPU).
 
-    python scripts/host_cost.py [--calls N]
+    python experiments/host_cost/host_cost.py [--calls N]
 
 For a few kernels at small shapes (where the GPU work is microseconds, so back-to-back calls
 are host-bound), times N back-to-back calls on the host, three ways, with the same compiled

@@ -1,6 +1,6 @@
 """How many head runs should the dB/dC backward split a large group into? Time it (GPU).
 
-    python scripts/dbdc_head_splits.py [PRESET ...] [--splits 1,2,4,8,16]
+    python experiments/ssd_bwd_paths/dbdc_head_splits.py [PRESET ...] [--splits 1,2,4,8,16]
 
 `ssd_chunk_state_scan_bwd_dbdc` splits each group's heads into `head_splits` runs (a host
 rule aiming at about 512 programs per dstate block), each writing fp32 partial dB and dC

@@ -1,7 +1,7 @@
 """The state-passing backward (B2 + B3) both ways, timed on the GPU: one walk
 (`chunk_state_passing_bwd`) against F2's kernel then the elementwise walk (`state_passing_bwd`).
 
-    python scripts/state_passing_bwd_paths.py [PRESET[@TP] ...]
+    python experiments/ssd_bwd_paths/state_passing_bwd_paths.py [PRESET[@TP] ...]
 
 At each preset's dims (tensor-parallel degree TP, default 1; bf16, batch 2, seqlen 8192, no z, no
 seq_idx: the tuning record's problem), times the one walk (its bundle entry, else its default)
