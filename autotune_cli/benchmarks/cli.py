@@ -66,6 +66,11 @@ def bench_command(
         help="Layer rows to time (repeatable; default: all). E.g. layer_fwd_bwd, layer_fwd, ssd_bwd.")] = None,
     module_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
         help="Module rows to time (repeatable; default: all). E.g. module_fwd_mem_eff, module_train_step_unfused.")] = None,
+    account: Annotated[bool, typer.Option("--account",
+        help="With --family layer or module: the training step's account, each stage of the forward and "
+             "backward on both sides against its bound (bytes at the measured copy bandwidth or FLOPs at "
+             "a measured bf16 GEMM's rate), what is left (launch gaps, host time) and the non-GEMM total; "
+             "times only the rows it needs unless --layer-stage / --module-stage add others.")] = False,
     config_mode: Annotated[ConfigMode | None, typer.Option(metavar="exact|nearest|default", 
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
@@ -87,6 +92,8 @@ def bench_command(
         fail(f"--module-stage {bad[0]!r}: unknown; known: {', '.join(MODULE_STAGES)}")
     if module_stage and family is not Family.module:
         fail("--module-stage: only with --family module")
+    if account and family not in (Family.layer, Family.module):
+        fail("--account: only with --family layer or module")
     models = model or list(MODEL_PRESETS)
     shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
     layer_shapes = (_layer_shapes(models, tp or [1], batch, seqlen)
@@ -95,7 +102,7 @@ def bench_command(
 
     if not torch.cuda.is_available():
         fail("no CUDA GPU on this machine: `mamba-tune bench` times kernels on the GPU")
-    from autotune_cli.benchmarks.common import copy_gbps, machine_line
+    from autotune_cli.benchmarks.common import copy_gbps, gemm_tflops, machine_line
     from mamba_tune import runtime
 
     if config_mode is not None:
@@ -135,6 +142,18 @@ def bench_command(
         if mamba_tune.is_patched():
             fail("--family module: mamba-ssm is patched already (MAMBA_TUNE_PATCH_MAMBA_SSM?): "
                  "the baseline would run mamba-tune's kernels; unset it")
+    from autotune_cli.benchmarks import account as acc
+
+    layer_rows = (list(layer_stage or ()) + [*acc.STAGE_ROWS, *acc.LAYER_STEP] if account
+                  else layer_stage or LAYER_STAGES)
+    layer_rows = [s for s in LAYER_STAGES if s in layer_rows]
+    module_rows = list(module_stage or ()) + list(acc.MODULE_STEP) if account else module_stage or MODULE_STAGES
+    module_rows = [s for s in MODULE_STAGES if s in module_rows]
+    if account and family is Family.module:
+        try:
+            from autotune_cli.benchmarks.layer import bench_layer
+        except ImportError as e:
+            fail(f"the layer benchmark is not available: {e}")
     t0 = time.monotonic()
     # One model shape at a time, with the JSON rewritten after each: a run stopped part way
     # (a device time limit) keeps what it measured, marked "complete": false.
@@ -144,9 +163,15 @@ def bench_command(
         if family in (Family.ssd, Family.all):
             rows += bench_ssd([shape], torch_dtype, 200, stages=ssd_stage or SSD_STAGES)
         if family in (Family.layer, Family.all):
-            rows += bench_layer([lshape], torch_dtype, 200, stages=layer_stage or LAYER_STAGES)
+            rows += bench_layer([lshape], torch_dtype, 200, stages=layer_rows)
         if family is Family.module:
-            rows += bench_module([lshape], torch_dtype, 200, stages=module_stage or MODULE_STAGES)
+            rows += bench_module([lshape], torch_dtype, 200, stages=module_rows)
+            if account:  # the stages, timed as the layer benchmark times them
+                rows += bench_layer([lshape], torch_dtype, 200, stages=acc.STAGE_ROWS)
+        if account:
+            tokens = lshape[1].batch * lshape[1].seqlen
+            rows += acc.account_for(lshape[0], lshape[1], [r for r in rows if r.get("kind") != "account"],
+                                    torch_dtype.itemsize, copy, gemm_tflops(tokens), family.value)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)
@@ -163,6 +188,8 @@ def bench_command(
         return "-" if v is None else format(v, fmt)
 
     for r in rows:
+        if r.get("kind") == "account":
+            continue
         table.add_row(r.get("model", ""), r.get("op", r.get("stage", "")), r.get("shape", ""),
                       f(r.get("ours_ms"), ".4f"), f(r.get("ours_gbps"), ".0f"), f(r.get("baseline_ms"), ".4f"),
                       f(r.get("baseline_gbps"), ".0f"),
@@ -170,6 +197,13 @@ def bench_command(
                       f(r.get("ours_wall_ms"), ".4f"), f(r.get("baseline_wall_ms"), ".4f"),
                       f(r.get("ours_graph_ms"), ".4f"), f(r.get("baseline_graph_ms"), ".4f"), str(r.get("config", "")))
     out.print(table)
+    if account:
+        for label, lshape in layer_shapes:
+            mine = [r for r in rows if r.get("kind") == "account" and r["model"] == label]
+            if mine:
+                out.print(acc.table(f"{label}: the {family.value} training step's account ({lshape.text()}, "
+                                    f"{dtype.value}; copy {copy:.0f} GB/s, GEMM {mine[0]['gemm_tflops']:.0f} "
+                                    "TFLOP/s)", mine))
     if json_out is not None:
         write_results(json_out, header, rows, complete=True)
         err.print(f"wrote {json_out}")

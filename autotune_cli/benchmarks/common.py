@@ -17,8 +17,9 @@ SSD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passi
               "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
               "fwd_bwd_recompute", "fwd_bwd_recompute_graph", "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
 # The rows `bench --family layer` can time (benchmarks/layer.py documents each).
-LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_recompute", "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm",
-                "out_proj", "conv1d_bwd", "ssd_bwd", "norm_bwd")
+LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_wall", "layer_fwd_bwd_graph", "layer_fwd_bwd_recompute",
+                "fused_fwd", "fused_fwd_bwd", "in_proj", "conv1d", "ssd", "norm", "out_proj", "out_proj_bwd",
+                "conv1d_bwd", "ssd_bwd", "norm_bwd", "norm_bwd_recompute", "in_proj_bwd")
 # The rows `bench --family module` can time (benchmarks/module.py documents each): every kind for
 # Mamba2's fused path (use_mem_eff_path=True, suffix _mem_eff), then for its unfused path (_unfused).
 MODULE_STAGES = tuple(f"{kind}_{path}" for path in ("mem_eff", "unfused")
@@ -95,6 +96,15 @@ def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | 
         times.append(start.elapsed_time(end) / calls)
     del graph
     return sorted(times)[len(times) // 2]
+
+
+def gemm_tflops(m: int, n: int = 4096, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The rate (TFLOP/s) of one (m, k) x (k, n) GEMM (torch.mm, do_bench median): the
+    compute-bound ceiling for GEMM-shaped work of m rows."""
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = torch.randn(k, n, device="cuda").to(dtype)
+    ms = gpu_median_ms(lambda: torch.mm(a, b), rep_ms=200)
+    return 2 * m * n * k / (ms * 1e-3) / 1e12
 
 
 def copy_gbps(nbytes: int = 2 << 30) -> float:

@@ -15,14 +15,21 @@ Rows (`STAGES`), each with ours_ms, baseline_ms and ratio (= baseline_ms / ours_
   sides' peak memory above what was allocated before the step (MiB). "layer_fwd_bwd_recompute":
   layer_fwd_bwd with ours keeping nothing for the backward beyond its inputs (every SSD
   intermediate and the SSD output recomputed: what keeping them, within the bytes mamba-ssm
-  keeps, gains).
+  keeps, gains). "layer_fwd_bwd_wall": layer_fwd_bwd's back-to-back calls timed on the host;
+  "layer_fwd_bwd_graph": the same calls replayed from a CUDA graph (None for a side that cannot
+  be captured): their difference is the host time per step that the GPU does not hide.
 - "fused_fwd", "fused_fwd_bwd": the fused call alone (from a given zxbcdt).
 - Forward stages on the same intermediates: "in_proj" and "out_proj" (torch GEMMs, the same on
   both sides: timed once, baseline_ms is None), "conv1d" (mamba-ssm: causal-conv1d's
   `causal_conv1d_fwd_function`, when the causal-conv1d package is installed), "ssd"
   (`_mamba_chunk_scan_combined_fwd`), "norm" (`layernorm_gated._layer_norm_fwd`).
 - Backward stages: "conv1d_bwd", "ssd_bwd" (ours recomputes its forward's intermediates,
-  as mamba-ssm's, which also gets the saved SSD output), "norm_bwd".
+  as mamba-ssm's, which also gets the saved SSD output), "norm_bwd"; "norm_bwd_recompute": the
+  norm's backward and the recompute of its output that out_proj's weight gradient needs, as the
+  fused backward runs them (ours: the norm forward then its backward; mamba-ssm: its backward with
+  recompute_output); "out_proj_bwd" and "in_proj_bwd": the two torch GEMMs of each projection's
+  backward (input and weight gradients; the same on both sides: timed once).
+The step account (`benchmarks/account.py`, `--account`) is assembled from these rows.
 do_bench medians (L2 flushed between runs). A side that cannot run (mamba-ssm missing, no
 causal-conv1d) gets None.
 """
@@ -39,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from autotune_cli.benchmarks.common import LAYER_STAGES as STAGES
-from autotune_cli.benchmarks.common import recomputing
+from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
 from autotune_cli.presets import ModelDims
 from autotune_cli.timing import gpu_median_ms
 from mamba_tune import runtime
@@ -175,6 +182,10 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
     dnormed = torch.randn_like(normed)
     dy = torch.randn_like(y)
     dconv = torch.randn_like(xBC_t)
+    dout = i.dout
+    normed3 = normed.view(b, L, s.dim)
+    dzxbcdt = torch.randn_like(zxbcdt)
+    u2, dzxbcdt2 = i.u.reshape(b * L, s.d_model), dzxbcdt.reshape(b * L, s.d_in_proj)
     ours: dict[str, Callable[[], Any]] = {
         "in_proj": lambda: F.linear(i.u, i.in_proj),
         "out_proj": lambda: F.linear(normed, i.out_proj),
@@ -186,6 +197,11 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
         "ssd_bwd": lambda: ssd_backward(dy, None, x, dt, i.A, B, C, s.chunk_size, D=i.D, dt_bias=i.dt_bias,
                                         dt_softplus=True),
         "norm_bwd": lambda: gated._bwd(dnormed, y2, z2, i.norm_weight, None, None, rstd, gs, False, True),
+        "norm_bwd_recompute": lambda: (gated._fwd(y2, z2, i.norm_weight, None, NORM_EPS, gs, False, True),
+                                       gated._bwd(dnormed, y2, z2, i.norm_weight, None, None, rstd, gs, False, True)),
+        # As autograd and the fused backward run them: the input gradient, then the weight's.
+        "out_proj_bwd": lambda: (F.linear(dout, i.out_proj.t()), torch.einsum("bso,bsd->od", dout, normed3)),
+        "in_proj_bwd": lambda: (torch.mm(dzxbcdt2, i.in_proj), torch.mm(dzxbcdt2.t(), u2)),
     }
     base: dict[str, Callable[[], Any]] = {}
     if not x.is_cuda:  # mamba-ssm's Triton kernels run on a GPU only (the ref-mode tests: ours alone)
@@ -202,12 +218,16 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
         out_ssd = fwd(x, dt, i.A, B, C, s.chunk_size, D=i.D, dt_bias=i.dt_bias, dt_softplus=True)[0]
         base["ssd_bwd"] = lambda: ssd_combined._mamba_chunk_scan_combined_bwd(
             dy, x, dt, i.A, B, C, out_ssd, s.chunk_size, D=i.D, dt_bias=i.dt_bias, dt_softplus=True)
-    if "norm_bwd" in stages:
+    if "norm_bwd" in stages or "norm_bwd_recompute" in stages:
         _, _, rstd_b = layernorm_gated._layer_norm_fwd(y2, i.norm_weight, None, NORM_EPS, z=z2, group_size=gs,
                                                        norm_before_gate=False, is_rms_norm=True)
         base["norm_bwd"] = lambda: layernorm_gated._layer_norm_bwd(
             dnormed, y2, i.norm_weight, None, NORM_EPS, None, rstd_b, z=z2, group_size=gs, norm_before_gate=False,
             is_rms_norm=True)
+        dz_b, normed_b = torch.empty_like(z2), torch.empty_like(y2)  # as the fused backward: given buffers
+        base["norm_bwd_recompute"] = lambda: layernorm_gated._layer_norm_bwd(
+            dnormed, y2, i.norm_weight, None, NORM_EPS, None, rstd_b, z=z2, group_size=gs, norm_before_gate=False,
+            is_rms_norm=True, recompute_output=True, dz=dz_b, out=normed_b)
     conv_fns = getattr(ssd_combined, "causal_conv1d_fwd_function", None), getattr(
         ssd_combined, "causal_conv1d_bwd_function", None)
     if conv_fns[0] is not None and conv_fns[1] is not None:
@@ -216,6 +236,19 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
         base["conv1d_bwd"] = lambda: cbwd(xBC_t, i.conv_weight, i.conv_bias, dconv, None, None, None, None, False,
                                           True)
     return ours, base
+
+
+def _timer(rep_ms: int) -> Callable[[str, Callable[[], Any]], float | None]:
+    """How a row is timed: back-to-back on the host (_wall), replayed from a CUDA graph (_graph:
+    five steps a graph, each keeping its gradients in the graph's pool), else do_bench."""
+    def time(stage: str, fn: Callable[[], Any]) -> float | None:
+        if stage.endswith("_wall"):
+            return wall_ms(fn, 20)
+        if stage.endswith("_graph"):
+            return graph_ms(fn, calls=5, reps=10)
+        return gpu_median_ms(fn, rep_ms, warmup_ms=max(rep_ms // 8, 5))
+
+    return time
 
 
 def _fused_fns() -> tuple[Callable[..., Any], Callable[..., Any] | None]:
@@ -240,10 +273,12 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
         theirs_fn = None  # mamba-ssm's fused call needs the causal-conv1d package
     whole = {"layer_fwd": (False, True), "layer_fwd_bwd": (True, True), "fused_fwd": (False, False),
              "fused_fwd_bwd": (True, False)}
+    # Rows that time layer_fwd_bwd's step another way (`_timer`).
+    same_step = ("layer_fwd_bwd_recompute", "layer_fwd_bwd_wall", "layer_fwd_bwd_graph")
     ours: dict[str, Callable[[], Any]] = {}
     base: dict[str, Callable[[], Any]] = {}
     for stage, (backward, with_in_proj) in whole.items():
-        if stage in stages or stage == "layer_fwd_bwd" and "layer_fwd_bwd_recompute" in stages:
+        if stage in stages or stage == "layer_fwd_bwd" and any(k in stages for k in same_step):
             ours[stage] = layer_step(ours_fn, s, i, backward, with_in_proj)
             if theirs_fn is not None:
                 base[stage] = layer_step(theirs_fn, s, i, backward, with_in_proj)
@@ -251,22 +286,28 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
         ours["layer_fwd_bwd_recompute"] = recomputing(ours["layer_fwd_bwd"])
         if "layer_fwd_bwd" in base:
             base["layer_fwd_bwd_recompute"] = base["layer_fwd_bwd"]
-    if set(stages) - set(whole):
+    for stage in ("layer_fwd_bwd_wall", "layer_fwd_bwd_graph"):
+        if stage in stages:
+            ours[stage] = ours["layer_fwd_bwd"]
+            if "layer_fwd_bwd" in base:
+                base[stage] = base["layer_fwd_bwd"]
+    if set(stages) - set(whole) - set(same_step):
         o, b = _stage_fns(s, i, stages)
         ours.update({k: v for k, v in o.items() if k in stages})
         base.update({k: v for k, v in b.items() if k in stages})
-    warm = max(rep_ms // 8, 5)
+    timer = _timer(rep_ms)
     rows = []
     for stage in STAGES:
         if stage not in ours or stage not in stages:
             continue
-        ours_ms = gpu_median_ms(ours[stage], rep_ms, warmup_ms=warm)
+        ours_ms = timer(stage, ours[stage])
         row: dict[str, Any] = {"family": "layer", "model": label, "stage": stage, "dtype": dtype_name(dtype),
                                "shape": s.text(), "ours_ms": ours_ms, "baseline_ms": None, "ratio": None,
                                "baseline": None}
         if stage in base:
-            row["baseline_ms"] = gpu_median_ms(base[stage], rep_ms, warmup_ms=warm)
-            row["ratio"] = row["baseline_ms"] / ours_ms
+            row["baseline_ms"] = timer(stage, base[stage])
+            if ours_ms is not None and row["baseline_ms"] is not None:
+                row["ratio"] = row["baseline_ms"] / ours_ms
             row["baseline"] = "mamba-ssm"
         if stage in ("layer_fwd_bwd", "layer_fwd_bwd_recompute"):
             row["ours_peak_mib"] = peak_mib(ours[stage])

@@ -76,6 +76,6 @@ def test_every_timed_callable_of_ours_runs():
     assert tuple(grads[0].shape) == (2, 40, s.d_in_proj) and len(grads) == len(layer.WEIGHTS)
     ours, _ = layer._stage_fns(s, i, LAYER_STAGES)
     assert set(ours) == set(LAYER_STAGES) - {"layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_recompute", "fused_fwd",
-                                             "fused_fwd_bwd"}
+                                             "fused_fwd_bwd", "layer_fwd_bwd_wall", "layer_fwd_bwd_graph"}
     for stage, fn in ours.items():
         assert fn() is not None, stage
