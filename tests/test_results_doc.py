@@ -114,3 +114,12 @@ def test_an_empty_folder_and_check_without_a_file_are_errors(tmp_path: Path) -> 
     assert r.exit_code == 2 and "no result files" in r.output
     r = run("results", str(RESULTS), "--check")
     assert r.exit_code == 2 and "--check needs -o FILE" in r.output
+
+
+def test_a_row_measured_as_none_is_left_out(tmp_path: Path) -> None:
+    """`bench` writes ours_ms None for a row it could not measure (a step no CUDA graph captured):
+    the document leaves that row out and keeps the file's others."""
+    none = {**ssd_row("mamba2-2.7b", "fwd_bwd_graph", 2.0, 3.0), "ours_ms": None}
+    bench_file(tmp_path, "h200-x.json", "h200", [none, ssd_row("mamba2-2.7b", "total_graph", 1.0, 2.0)])
+    (f,) = load_results(tmp_path)
+    assert [r.label for r in f.rows] == ["total_graph"]

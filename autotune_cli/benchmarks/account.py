@@ -246,9 +246,15 @@ def table(title: str, rows: list[dict[str, Any]]) -> Any:
 def account_for(label: str, s: LayerShape, rows: list[dict[str, Any]], elem_bytes: int, copy_gbps: float,
                 gemm_tflops: float, family: str = "layer") -> list[dict[str, Any]]:
     """The account rows of one model shape from the benchmark rows of `label` (`--json-out` rows:
-    family, kind "account", model, shape and the rates beside each `account_rows` row).
+    family "layer-account" or "module-account", model, shape and the rates beside each
+    `account_rows` row).
     family "module": the step is mamba-ssm's Mamba2 module's training step on its fused path."""
     step = MODULE_STEP if family == "module" else LAYER_STEP
-    return [{"family": family, "kind": "account", "model": label, "shape": s.text(), "copy_gbps": copy_gbps,
+    return [{"family": f"{family}-account", "model": label, "shape": s.text(), "copy_gbps": copy_gbps,
              "gemm_tflops": gemm_tflops, **r}
             for r in account_rows(s, elem_bytes, times_of(rows, label), copy_gbps, gemm_tflops, step)]
+
+
+def is_account(row: dict[str, Any]) -> bool:
+    """Whether a benchmark row is one of the account's."""
+    return str(row.get("family", "")).endswith("-account")

@@ -170,7 +170,7 @@ def bench_command(
                 rows += bench_layer([lshape], torch_dtype, 200, stages=acc.STAGE_ROWS)
         if account:
             tokens = lshape[1].batch * lshape[1].seqlen
-            rows += acc.account_for(lshape[0], lshape[1], [r for r in rows if r.get("kind") != "account"],
+            rows += acc.account_for(lshape[0], lshape[1], [r for r in rows if not acc.is_account(r)],
                                     torch_dtype.itemsize, copy, gemm_tflops(tokens), family.value)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
@@ -188,7 +188,7 @@ def bench_command(
         return "-" if v is None else format(v, fmt)
 
     for r in rows:
-        if r.get("kind") == "account":
+        if acc.is_account(r):
             continue
         table.add_row(r.get("model", ""), r.get("op", r.get("stage", "")), r.get("shape", ""),
                       f(r.get("ours_ms"), ".4f"), f(r.get("ours_gbps"), ".0f"), f(r.get("baseline_ms"), ".4f"),
@@ -199,7 +199,7 @@ def bench_command(
     out.print(table)
     if account:
         for label, lshape in layer_shapes:
-            mine = [r for r in rows if r.get("kind") == "account" and r["model"] == label]
+            mine = [r for r in rows if acc.is_account(r) and r["model"] == label]
             if mine:
                 out.print(acc.table(f"{label}: the {family.value} training step's account ({lshape.text()}, "
                                     f"{dtype.value}; copy {copy:.0f} GB/s, GEMM {mine[0]['gemm_tflops']:.0f} "

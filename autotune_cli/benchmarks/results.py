@@ -102,6 +102,8 @@ def _bench_rows(data: dict[str, Any], where: str) -> list[Row]:
         label = r.get("stage") or r.get("op")
         if not isinstance(label, str) or not isinstance(r.get("model"), str) or not isinstance(r.get("family"), str):
             raise ResultsError(f"{at}: a bench row needs 'family', 'model' and 'stage' (or 'op')")
+        if "ours_ms" in r and r["ours_ms"] is None:  # measured as None: a step no CUDA graph captured
+            continue
         configs = _configs(r.get("configs") or r.get("config"))
         theirs = r.get("baseline_ms")
         rows.append(Row(r["model"], label, _number(r.get("ours_ms"), f"{at}.ours_ms"),

@@ -133,12 +133,12 @@ def test_account_for_reads_its_models_rows_and_the_module_step():
     bench = [{"model": "a", "stage": k, "ours_ms": o, "baseline_ms": b} for k, (o, b) in _times().items()]
     bench += [{"model": "b", "stage": "ssd", "ours_ms": 100.0, "baseline_ms": 1.0}]
     rows = account.account_for("a", s, bench, 2, 3000.0, 600.0)
-    assert {r["model"] for r in rows} == {"a"} and all(r["kind"] == "account" for r in rows)
+    assert {r["model"] for r in rows} == {"a"} and all(r["family"] == "layer-account" for r in rows)
     assert next(r for r in rows if r["stage"] == "fwd ssd")["ours_ms"] == 0.5
     module = bench + [{"model": "a", "stage": "module_train_step_mem_eff", "ours_ms": 9.2, "baseline_ms": 9.9}]
     rows = account.account_for("a", s, module, 2, 3000.0, 600.0, family="module")
     step = next(r for r in rows if r["stage"] == "step")
-    assert (step["family"], step["ours_ms"], step["baseline_ms"]) == ("module", 9.2, 9.9)
+    assert (step["family"], step["ours_ms"], step["baseline_ms"]) == ("module-account", 9.2, 9.9)
 
 
 def test_the_table_has_the_accounts_columns_and_rows():
@@ -192,7 +192,7 @@ def test_account_on_the_gpu(tmp_path):
     r = runner.invoke(app, ["bench", "--family", "layer", "--model", "nemotron-3-nano-30b", "--tp", "8",
                             "--batch", "1", "--seqlen", "512", "--account", "--json-out", str(out)])
     assert r.exit_code == 0, r.output
-    rows = [row for row in json.loads(out.read_text())["rows"] if row.get("kind") == "account"]
+    rows = [row for row in json.loads(out.read_text())["rows"] if row["family"] == "layer-account"]
     by = {row["stage"]: row for row in rows}
     assert all(by[st.name]["ours_ms"] > 0 and by[st.name]["bound_ms"] > 0 for st in account.ACCOUNT)
     assert by["rest"]["ours_ms"] == pytest.approx(by["step"]["ours_ms"] - by["stages"]["ours_ms"])
