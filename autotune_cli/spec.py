@@ -25,6 +25,15 @@
       seed: 0                            # autotuner random seed
     tolerances:                          # per dtype; a config passes when, per output,
       bf16: {atol: 0.01, factor: 2.0}    #   err(kernel) <= factor * err(eager torch in dtype) + atol
+    shipped:                             # optional: the part of this sweep the committed bundle
+      tp: [1]                            #   holds (`plan --shipped`, `check --shipped`); each key
+      seqlen: [8192]                     #   narrows the sweep's list of the same name: tp, batch,
+      kernels: [gated_norm_fwd]          #   seqlen, packed_sequences, dtypes, norm_weight_dtypes, kernels
+
+A spec is one whole sweep per model: `plan`, `sweep` and `check` take all of it. Its `shipped`
+section names the part of it that the bundle in the repository holds today, so that CI can check
+that part (`mamba-tune check SPEC --shipped`) while running the spec extends the bundle; a value
+there that the sweep does not have is an error.
 
 Names (the spec's `name`, and `tune --name`) become file names (OUT/<sku>/<name>.json,
 its lock and its log folder), so they must match SAFE_NAME: 1-100 characters from
@@ -196,6 +205,19 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+class Shipped(_Strict):
+    """The part of the sweep the committed bundle holds: each list narrows the sweep's list of the
+    same name (`tp`: every model's degrees; `batch`, `seqlen`: every model's, per-model ones too)."""
+
+    tp: list[PosInt] | None = Field(default=None, min_length=1)
+    batch: list[PosInt] | None = Field(default=None, min_length=1)
+    seqlen: list[PosInt] | None = Field(default=None, min_length=1)
+    packed_sequences: list[Annotated[bool, Field(strict=True)]] | None = Field(default=None, min_length=1)
+    dtypes: list[DtypeName] | None = Field(default=None, min_length=1)
+    norm_weight_dtypes: list[DtypeName] | None = Field(default=None, min_length=1)
+    kernels: list[str] | None = Field(default=None, min_length=1)
+
+
 class SpecModel(_Strict):
     name: str | None = None
 
@@ -217,6 +239,7 @@ class SpecModel(_Strict):
     kernels: Literal["all"] | list[str] = "all"
     budget: Budget = Budget()
     tolerances: dict[DtypeName, Tolerance] = Field(default_factory=dict)
+    shipped: Shipped | None = None
 
 
 class ResolvedModel(_Strict):
@@ -321,8 +344,9 @@ def _pydantic_message(err: dict[str, Any]) -> str:
     return _short(msg, 300)
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read, validate and resolve a spec; raise SpecError with one line on any problem."""
+def load_spec(path: str | Path, *, shipped: bool = False) -> Spec:
+    """Read, validate and resolve a spec; raise SpecError with one line on any problem. With
+    `shipped`, the part of the sweep its `shipped` section names (an error if it has none)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -338,7 +362,7 @@ def load_spec(path: str | Path) -> Spec:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise SpecError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
-    return parse_spec(text, source=str(p), stem=p.stem)
+    return parse_spec(text, source=str(p), stem=p.stem, shipped=shipped)
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
@@ -361,7 +385,7 @@ def _check_size(root: yaml.Node, source: str) -> None:
                 stack.extend(((k, depth + 1), (v, depth + 1)))
 
 
-def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec:
+def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec", shipped: bool = False) -> Spec:
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: over {MAX_SPEC_BYTES >> 20} MiB; a spec is a short YAML file")
     loader: _UniqueKeyLoader | None = None
@@ -394,7 +418,56 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec") -> Spec
     except ValidationError as e:
         err = e.errors()[0]
         raise fail(tuple(err["loc"]), _pydantic_message(err)) from None
-    return _resolve(model, text, source, stem, fail)
+    spec = _resolve(model, text, source, stem, fail)
+    # The shipped part is checked whenever the spec is read, so `validate` catches a bad one.
+    part = _shipped_part(spec, model.shipped, fail) if model.shipped is not None else None
+    if not shipped:
+        return spec
+    if part is None:
+        raise SpecError(f"{source}: no 'shipped' section: it names the part of the sweep the committed "
+                        "bundle holds (see autotune_cli/spec.py)")
+    return part
+
+
+def _subset(values: list[Any], sweep: list[Any], field: str, fail: Any) -> list[Any]:
+    """`values` (shipped.FIELD) in the sweep's order; an error names one the sweep lacks or repeats."""
+    for i, v in enumerate(values):
+        if v not in sweep:
+            shown = ", ".join(str(x).lower() if isinstance(x, bool) else str(x) for x in sweep)
+            raise fail(("shipped", field, i), f"{str(v).lower() if isinstance(v, bool) else v} is not in "
+                       f"the sweep's {field} ({shown})")
+        if v in values[:i]:
+            raise fail(("shipped", field, i), f"{v} listed twice")
+    return [v for v in sweep if v in values]
+
+
+def _shipped_part(spec: Spec, shipped: Shipped, fail: Any) -> Spec:
+    """The Spec of the part of `spec` that `shipped` names: each of its lists narrows the sweep's."""
+    tps = list(dict.fromkeys(m.tp for m in spec.models))
+    batches = list(dict.fromkeys(b for m in spec.models for b in m.batch))
+    seqlens = list(dict.fromkeys(sl for m in spec.models for sl in m.seqlen))
+    tp = _subset(shipped.tp, tps, "tp", fail) if shipped.tp else tps
+    batch = _subset(shipped.batch, batches, "batch", fail) if shipped.batch else batches
+    seqlen = _subset(shipped.seqlen, seqlens, "seqlen", fail) if shipped.seqlen else seqlens
+    models = []
+    for m in spec.models:
+        keep_b, keep_sl = [b for b in m.batch if b in batch], [sl for sl in m.seqlen if sl in seqlen]
+        if m.tp in tp and keep_b and keep_sl:
+            models.append(m.model_copy(update={"batch": keep_b, "seqlen": keep_sl}))
+    if not models:
+        raise fail(("shipped",), "leaves no model shape (no model has a tp, batch and seqlen it keeps)")
+    update: dict[str, Any] = {"models": models}
+    for field in ("packed_sequences", "dtypes", "norm_weight_dtypes"):
+        if getattr(shipped, field):
+            update[field] = _subset(getattr(shipped, field), getattr(spec, field), field, fail)
+    if shipped.kernels:
+        _subset(shipped.kernels, spec.kernels, "kernels", fail)
+        update["kernels"] = list(shipped.kernels)  # the section's order, as a spec's own list
+    weights = update.get("norm_weight_dtypes", spec.norm_weight_dtypes)
+    for d in update.get("dtypes", spec.dtypes):
+        if "fp32" not in weights and d not in weights:
+            raise fail(("shipped", "norm_weight_dtypes"), f"dtype {d} gets no norm weight dtype: list fp32 or {d}")
+    return spec.model_copy(update=update)
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:

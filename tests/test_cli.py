@@ -21,7 +21,7 @@ def run(*args: str):
 
 
 def test_plan_table_and_json():
-    r = run("plan", str(ROOT / "sweeps/planned/nemotron-nano.yaml"), "--json")
+    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     keys = [c["key"] for c in data["combos"]]
@@ -33,8 +33,29 @@ def test_plan_table_and_json():
     assert {c["dims"]["rows"] for c in norm} == {16384, 8192}
     assert {c["dims"]["weight_fp32"] for c in norm} == {0, 1}
     assert data["estimate_seconds_total"] == pytest.approx(data["estimate_seconds_per_combo"] * len(keys))
-    r = run("plan", str(ROOT / "sweeps/planned/nemotron-nano.yaml"), "--gpus", "2")
+    r = run("plan", str(ROOT / "sweeps/nemotron-nano.yaml"), "--gpus", "2")
     assert r.exit_code == 0 and "estimate" in r.stdout
+
+
+@pytest.mark.slow
+def test_sweep_shipped_tunes_only_the_part_the_shipped_section_names(tmp_path):
+    from mamba_tune.bundle import load_bundle
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text()
+                    + "shipped: {tp: [1], seqlen: [64], kernels: [gated_norm_fwd]}\n")
+    r = run("plan", str(spec), "--shipped", "--json")
+    assert r.exit_code == 0, r.output
+    (key,) = [c["key"] for c in json.loads(r.stdout)["combos"]]
+    assert len(json.loads(run("plan", str(spec), "--json").stdout)["combos"]) > 1
+    out = tmp_path / "out"
+    r = run("sweep", str(spec), "--shipped", "--cpu-dry-run", "-o", str(out), "--log-dir", str(tmp_path / "logs"))
+    assert r.exit_code == 0, r.output
+    assert list(load_bundle(out / "cpu" / "tiny.json").entries) == [key]
+    r = run("sweep", str(ROOT / "tests/data/tiny.yaml"), "--shipped", "--cpu-dry-run", "-o", str(out))
+    assert r.exit_code == 2 and "no 'shipped' section" in r.output, r.output
+    r = run("sweep", "--from-record", str(spec), "--shipped")
+    assert r.exit_code == 2 and "--shipped goes with a SPEC" in r.output, r.output
 
 
 def test_plan_deduplicates(tmp_path):
@@ -277,7 +298,8 @@ def test_a_full_disk_mid_sweep_is_one_line_and_keeps_finished_combos(tmp_path):
     assert sorted(p.name for p in (out / "cpu").iterdir()) == ["tiny.json", "tiny.json.lock"]  # no temp file left
 
 
-COMMANDS = ("plan", "sweep", "tune", "validate", "show", "diff", "check", "verify", "report", "bench")
+COMMANDS = ("plan", "sweep", "tune", "validate", "show", "diff", "check", "verify", "report", "bench", "results",
+            "searches")
 
 
 def test_help_shows_no_type_noise_and_names_every_value(monkeypatch):

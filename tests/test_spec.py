@@ -43,17 +43,19 @@ def _bad(old: str, new: str) -> str:
 
 
 def test_shipped_specs_are_valid():
-    specs = sorted((ROOT / "sweeps").glob("*.yaml")) + sorted((ROOT / "sweeps/planned").glob("*.yaml"))
+    specs = sorted((ROOT / "sweeps").glob("*.yaml"))
     assert {p.stem for p in specs} >= {"nemotron-nano", "nemotron-h-8b", "nemotron-h-47b", "mamba2-2.7b",
                                        "zamba2-2.7b", "falcon-h1-0.5b"}
+    assert not (ROOT / "sweeps/planned").exists()  # one spec per model: its shipped part is a section
     for p in specs:
-        spec = load_spec(p)
-        assert spec.name == p.stem
-        assert plan(spec)
+        spec, shipped = load_spec(p), load_spec(p, shipped=True)
+        assert spec.name == shipped.name == p.stem
+        full, part = {c.key for c in plan(spec)}, {c.key for c in plan(shipped)}
+        assert part and part < full, p.stem
 
 
 def test_nemotron_nano_spec_covers_tp_and_seqlens():
-    spec = load_spec(ROOT / "sweeps/planned/nemotron-nano.yaml")
+    spec = load_spec(ROOT / "sweeps/nemotron-nano.yaml")
     assert spec.target.gpu == "h200"
     assert sorted((m.tp, m.nheads, m.ngroups) for m in spec.models) == [(1, 64, 8), (2, 32, 4), (4, 16, 2), (8, 8, 1)]
     assert all(m.batch == [2] and 8192 in m.seqlen and len(m.seqlen) >= 2 for m in spec.models)
@@ -274,3 +276,56 @@ def test_path_under_a_regular_file_is_one_line(tmp_path):
 def _write(p: Path, text: str) -> Path:
     p.write_text(text)
     return p
+
+
+SHIPPED_BASE = GOOD.replace("    tp: [1, 2]\n", "    tp: [1, 2, 4]\n").replace(
+    "dtypes: [bf16]\n", "packed_sequences: [false, true]\ndtypes: [bf16]\nnorm_weight_dtypes: [fp32, bf16]\n")
+
+
+def test_the_shipped_section_narrows_the_sweep_to_the_part_the_bundle_holds():
+    text = SHIPPED_BASE + ("shipped:\n  tp: [2, 1]\n  seqlen: [8192]\n  packed_sequences: [false]\n"
+                           "  norm_weight_dtypes: [fp32]\n  kernels: [gated_norm_fwd]\n")
+    whole, part = parse_spec(text, source="t.yaml"), parse_spec(text, source="t.yaml", shipped=True)
+    assert [(m.name, m.tp) for m in whole.models] == [("nemotron-3-nano-30b", 1), ("nemotron-3-nano-30b", 2),
+                                                      ("nemotron-3-nano-30b", 4), ("custom", 1)]
+    # The custom model's own seqlen (1024) is not kept: it leaves the shipped part.
+    assert [(m.name, m.tp, m.seqlen) for m in part.models] == [("nemotron-3-nano-30b", 1, [8192]),
+                                                              ("nemotron-3-nano-30b", 2, [8192])]
+    assert (part.packed_sequences, part.norm_weight_dtypes, part.kernels) == ([False], ["fp32"], ["gated_norm_fwd"])
+    assert (part.name, part.sha256, part.budget, part.tolerances) == (whole.name, whole.sha256, whole.budget,
+                                                                      whole.tolerances)
+    # The same plan as a spec written out with those lists.
+    custom = "  - name: custom\n    dims: {d_inner: 1024, headdim: 64, ngroups: 2, dstate: 64, chunk_size: 64}\n" \
+             "    seqlen: [1024]\n"
+    written = SHIPPED_BASE.replace(custom, "").replace("tp: [1, 2, 4]", "tp: [1, 2]").replace(
+        "seqlen: [8192, 4096]", "seqlen: [8192]").replace(
+        "packed_sequences: [false, true]", "packed_sequences: [false]").replace(
+        "norm_weight_dtypes: [fp32, bf16]", "norm_weight_dtypes: [fp32]").replace(
+        "kernels: [gated_norm_fwd, gated_norm_bwd]", "kernels: [gated_norm_fwd]")
+    assert custom in SHIPPED_BASE and "custom" not in written
+    expected = {c.key for c in plan(parse_spec(written, source="w.yaml"))}
+    assert {c.key for c in plan(part)} == expected
+    assert {c.key for c in plan(whole)} > expected
+    # Without the flag a spec is the whole sweep; asking for a part it does not name is an error.
+    with pytest.raises(SpecError, match=re.escape("t.yaml: no 'shipped' section")):
+        parse_spec(SHIPPED_BASE, source="t.yaml", shipped=True)
+
+
+@pytest.mark.parametrize("section, expected", [
+    ("  tp: [8]\n", "t.yaml:24: shipped.tp[0]: 8 is not in the sweep's tp (1, 2, 4)"),
+    ("  tp: [1, 1]\n", "t.yaml:24: shipped.tp[1]: 1 listed twice"),
+    ("  seqlen: [2048]\n", "t.yaml:24: shipped.seqlen[0]: 2048 is not in the sweep's seqlen (8192, 4096, 1024)"),
+    ("  packed_sequences: [true]\n  dtypes: [fp16]\n",
+     "t.yaml:25: shipped.dtypes[0]: fp16 is not in the sweep's dtypes (bf16)"),
+    ("  kernels: [ssd_bmm]\n", "t.yaml:24: shipped.kernels[0]: ssd_bmm is not in the sweep's kernels "
+                                "(gated_norm_fwd, gated_norm_bwd)"),
+    ("  norm_weight_dtypes: [bf16, fp64]\n", "t.yaml:24: shipped.norm_weight_dtypes[1]: Input should be"),
+    ("  kernels: []\n", "t.yaml:24: shipped.kernels: List should have at least 1 item"),
+    ("  colour: [red]\n", "t.yaml:24: shipped.colour: unknown key"),
+    ("  tp: [4]\n  seqlen: [1024]\n", "t.yaml:23: shipped: leaves no model shape"),
+])
+def test_a_bad_shipped_section_is_one_line_even_without_the_flag(section: str, expected: str) -> None:
+    text = SHIPPED_BASE + "shipped:\n" + section
+    for shipped in (False, True):
+        with pytest.raises(SpecError, match="^" + re.escape(expected)):
+            parse_spec(text, source="t.yaml", shipped=shipped)

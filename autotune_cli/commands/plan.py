@@ -18,13 +18,15 @@ def plan_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True, dir_okay=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
     gpus: Annotated[int, typer.Option(metavar="N", help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
+    shipped: Annotated[bool, typer.Option("--shipped", help="Only the part of the sweep the spec's `shipped` "
+                                          "section names (what the committed bundle holds).")] = False,
 ) -> None:
     """List the exact, de-duplicated (kernel, shape, dtype) combos of SPEC and estimate the time."""
     from autotune_cli.plan import estimate_seconds_for, plan
     from autotune_cli.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(spec_path)
+        spec = load_spec(spec_path, shipped=shipped)
     except SpecError as e:
         fail(str(e))
     combos = plan(spec)
@@ -39,7 +41,8 @@ def plan_command(
                        for c in combos],
         }))
         return
-    table = Table(title=f"{escape(spec.name)}: {len(combos)} combos for {spec.target.gpu}")
+    part = " (shipped part)" if shipped else ""
+    table = Table(title=f"{escape(spec.name)}{part}: {len(combos)} combos for {spec.target.gpu}")
     for col in ("#", "kernel", "dims", "dtype", "from"):
         table.add_column(col, overflow="fold")
     for i, c in enumerate(combos, 1):

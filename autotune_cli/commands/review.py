@@ -95,6 +95,8 @@ def check_command(
     triton_version: Annotated[str | None, typer.Option(metavar="VERSION",
         help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
     fmt: FormatOpt = OutputFormat.table,
+    shipped: Annotated[bool, typer.Option("--shipped", help="Check only the part of the sweep the spec's "
+                                          "`shipped` section names (what the committed bundle holds).")] = False,
 ) -> None:
     """Coverage gate: every combo of SPEC has a fresh entry (kernel source and versions) for its GPU."""
     from autotune_cli.review import check as c
@@ -102,7 +104,7 @@ def check_command(
     from mamba_tune.bundle import BundleError
 
     try:
-        spec = load_spec(spec_path)
+        spec = load_spec(spec_path, shipped=shipped)
         result = c.check_coverage(spec, bundles, {"helion": helion_version, "torch": torch_version,
                                                   "triton": triton_version})
     except (SpecError, BundleError) as e:

@@ -188,6 +188,8 @@ def sweep_command(
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
     warm_start: WarmOpt = None,
     fresh_workers: FreshOpt = False,
+    shipped: Annotated[bool, typer.Option("--shipped", help="Only the part of the sweep the spec's `shipped` "
+                                          "section names (what the committed bundle holds).")] = False,
     executor: ExecutorOpt = Executor.local,
     slurm_partition: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the partition to submit to.")] = None,
     slurm_account: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the account to charge.")] = None,
@@ -209,13 +211,15 @@ def sweep_command(
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")
     if from_record is not None:
+        if shipped:
+            fail("--shipped goes with a SPEC (its `shipped` section), not --from-record")
         combos, source = _record_source(from_record, force=force, gpu=gpu, name=name, cpu_dry_run=cpu_dry_run)
     else:
         if gpu is not None or name is not None:
             fail("--gpu and --name go with --from-record; a spec names its target and bundle")
         assert spec_path is not None
         try:
-            spec = load_spec(spec_path)
+            spec = load_spec(spec_path, shipped=shipped)
         except SpecError as e:
             fail(str(e))
         combos = plan(spec)

@@ -54,7 +54,7 @@ def test_backward_keys_name_the_model_dtype_and_dfinal_only_when_used(ssd_ref_mo
 def test_the_mixer_calls_backward_keys_that_the_nano_spec_tunes():
     # The dims a spec plans for the mixer call (no final-state gradient) are the dims the
     # run-time sees for it (checked above on a small shape); here: the keys exist in the plan.
-    combos = plan(load_spec("sweeps/planned/nemotron-nano.yaml"))
+    combos = plan(load_spec("sweeps/nemotron-nano.yaml"))
     planned = {c.kernel: c for c in combos if c.kernel in BWD}
     assert sorted(planned) == sorted(BWD)
     assert all(c.dtype == "bf16" for c in planned.values())
