@@ -175,7 +175,7 @@ def split_walk_f2_dims(shape: ModelShape) -> dict[str, int] | None:
     """The F2 call the split walk makes before its walk (mamba_tune.ssd.state_passing_bwd._launch):
     F2's kernel with dout as x and C as B and no seq_idx (the walk passes the sequence mask in
     the weights), so F2's unpacked key at this shape; None where the backward walks in one kernel.
-    On the H200 (session 22) that call ran F2's default config at Zamba2-2.7B: no spec had named
+    On the H200 that call once ran F2's default config at Zamba2-2.7B: no spec had named
     `ssd_chunk_state` there, since the forward runs F2 + F3 fused."""
     if not split_state_passing_bwd(shape.batch, shape.nheads, shape.chunk_size):
         return None

@@ -270,8 +270,8 @@ def config_spec(tk: TunableKernel, dims: dict[str, int], dtype: str) -> Any:
                 spec = tk.kernel.bind(meta_args(tk, dims, dtype)).config_spec
             except helion.exc.InductorLoweringError:
                 # On the H200 host (torch 2.11) binding meta tensors fails in every kernel with a
-                # reduction over a tile (Inductor asserts on the meta layout; measured 2026-12-02,
-                # where the sweep then re-tuned six sound entries): bind CPU tensors of the
+                # reduction over a tile (Inductor asserts on the meta layout, and a sweep
+                # once re-tuned six sound entries for it): bind CPU tensors of the
                 # same layout instead (shape_args: no data, an uninitialized storage each).
                 spec = tk.kernel.bind(shape_args(tk, dims, dtype)).config_spec
         _CONFIG_SPECS[key] = spec

@@ -14,7 +14,7 @@ from mamba_tune.bundle import entry_key
 # with Helion 1.5.0 (the H200 notes: quick = 1.5-4.5 minutes per kernel x
 # shape; full = 1-2 hours); plus the rest of a combo: the worker's start, set-up, the fp32 check,
 # timing the winner and mamba-ssm's kernels (their first-call autotune). That rest took 20-56 s,
-# 34 s on average, over ten SSD backward combos on the H200 in session 23 (30 s searches, which
+# 34 s on average, over ten SSD backward combos on the H200 (30 s searches, which
 # themselves ran 32-56 s: the first configs' compiles finish past the cap).
 EFFORT_SECONDS = {"none": 5.0, "quick": 180.0, "full": 5400.0}
 CHECK_SECONDS = 35.0
@@ -102,7 +102,7 @@ def _weight_variants(spec: Spec, kernel: KernelKey,
 def short_timeout_warning(timeout_s: float | None, budget: Budget) -> str | None:
     """A warning when a sweep's --timeout would likely kill its combos before they finish: under
     twice the plan's estimate of a combo (`estimate_seconds_for`). Helion ends a search at the end
-    of the generation in which its budget ran out: on the H200 (session 24) 30 s searches of the
+    of the generation in which its budget ran out: on the H200 30 s searches of the
     dB/dC backward ran 61-67 s and their combos took 108-117 s, so `--timeout 90` killed both."""
     if timeout_s is None or budget.effort == "none":
         return None

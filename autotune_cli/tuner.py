@@ -251,7 +251,7 @@ def no_config_reason(e: Exception, spent: float | None, budget_s: int | None,
 
     - Configs rejected by Helion's accuracy check: Helion compares each candidate's outputs and
       every argument the kernel writes, in full, with the default config's run. When every one
-      differs, no budget helps: on the H200 (session 24) all 14 seeds and 30 random configs of
+      differs, no budget helps: on the H200 all 14 seeds and 30 random configs of
       47B's first dB/dC pass differed where its S buffer is never written (it started as
       torch.empty; tests/test_tuning_written_args.py now checks every record for this). Say so.
     - Else, when the budget clock had run out, the likely cause is a budget shorter than the

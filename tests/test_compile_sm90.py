@@ -2,8 +2,8 @@
 
 Lowering (test_config_lowering.py) stops at the generated Triton source; `lowering.compile_for_gpu`
 goes on through Triton's compiler and ptxas for an H200, specializing pointers and ints as a launch
-there does. Here: the kernels written while no GPU was lent (session 25), their default configs
-and every search seed, at the real shapes the sweep tunes them at, so that a device session does
+there does. Here: the kernels written while no GPU was lent, their default configs
+and every search seed, at the real shapes the sweep tunes them at, so that a GPU run does
 not start by finding a compile error. The slide conv1d backward steps one row per loop iteration:
 its loads must reach the software pipeline (shared-memory stages), or a row per step leaves the
 memory system idle. (The test extra pins the H200 host's Triton, 3.6.0, so this is the GPU's compiler.)

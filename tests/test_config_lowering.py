@@ -174,7 +174,7 @@ def test_check_seeds_reports_seeds_helion_would_drop(clean_env):
 
 def test_the_config_check_binds_cpu_tensors_where_meta_tensors_fail(monkeypatch):
     # On the H200 host (torch 2.11) binding meta tensors raised Helion's InductorLoweringError in
-    # every kernel with a reduction over a tile (2026-12-02), so the sweep's check of a bundle's
+    # every kernel with a reduction over a tile, so the sweep's check of a bundle's
     # configs called six sound entries rejected and re-tuned them. The check then binds CPU
     # tensors of the same layout; the configs it accepts and rejects are the same.
     import helion

@@ -319,7 +319,7 @@ def test_each_entry_records_the_config_space_it_was_tuned_in(tmp_path):
     """The dx backward's packed and unpacked calls bind different Helion config spaces (other
     loads): each entry records its own fingerprint, the one `validate` binds its dims to; the
     kernel's provenance record carries none (one per kernel was overwritten by the packed
-    entry's at Zamba2, session 22)."""
+    entry's at Zamba2)."""
     from autotune_cli.lowering import config_spec
     from autotune_cli.tuning import get
 

@@ -3,7 +3,7 @@ process with its budget plus the seconds it ran (its first configs are compiled 
 failure says so and what to change, instead of Helion's bare "No working config found" (on the
 H200, 12 s searches of the dB/dC backward at one group failed so: its 19 seeds take longer than
 that to compile). A search whose configs Helion's accuracy check rejected is not retried, and its
-failure names the check (47B's first dB/dC pass on the H200, session 24: every config differed
+failure names the check (47B's first dB/dC pass on the H200: every config differed
 from the default's where its S buffer was never written)."""
 
 from __future__ import annotations

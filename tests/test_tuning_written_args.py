@@ -3,7 +3,7 @@
 Helion's search checks each candidate config against the default config's run, comparing the
 outputs and every argument the kernel writes, in full. A buffer the problem allocates with
 torch.empty and the kernel writes only in part holds garbage where no config writes, and which
-entries those are depends on the block sizes: on the H200 (session 24) that rejected all 14 first
+entries those are depends on the block sizes: on the H200 that rejected all 14 first
 configs of 47B's first dB/dC pass (its S buffer is written only where j <= l), so the search
 timed nothing. Here, in Helion's ref mode on the CPU with torch.empty returning NaN (nan_empty),
 each record's kernel runs once on its problem and no floating argument may keep a NaN.

@@ -599,9 +599,9 @@ def bwd_path() -> str:
     kernel each; where they cannot run, the two). Neither one-kernel form is the default: the
     fused one moves about 0.6 GB at Nemotron-3 Nano TP1 against the two kernels' 1.4 GB (x and
     dout read, dx written, against that plus dpre's fp32 round trip) for width times the
-    pre-activation's arithmetic, and was slower on the H200 (0.563 ms against the two's 0.487,
-    session 24); the slide form moves the same 0.6 GB with the pre-activation computed once per
-    position, and has not been timed on a GPU yet (written in session 25)."""
+    pre-activation's arithmetic, and was slower on the H200 (0.563 ms against the two's 0.487);
+    the slide form moves the same 0.6 GB with the pre-activation computed once per
+    position, and has not been timed on a GPU yet."""
     path = os.environ.get(BWD_PATH, "")
     if path not in ("", "fused", "slide", "split"):
         raise ValueError(f"{BWD_PATH}={path!r}: expected 'fused', 'slide', 'split' or unset (split)")

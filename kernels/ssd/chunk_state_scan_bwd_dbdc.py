@@ -261,11 +261,9 @@ SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
 
 def sides() -> int:
     """Programs per (chunk rows, group, head run, dstate block): 2, one for dC and one for dB, at
-    every shape measured. On the H200 (2026-12-03, bf16, batch 2, seqlen 8192,
-    `scripts/dbdc_sides.py`, the kernel alone at its best of five configs, on the rule's head
-    runs; sides 1 / 2 / mamba-ssm's kernels for that work, ms): Mamba2-2.7B 0.916 / 0.844 /
-    1.184, Zamba2-2.7B 0.785 / 0.735 / 1.082, Falcon-H1-0.5B 0.221 / 0.204 / 0.630,
-    Nemotron-3 Nano TP1 (one run) 0.659 / 0.515 / 1.079."""
+    every shape measured: on the H200, the kernel alone at its best of five configs, two sides
+    took 0.844 against one side's 0.916 ms at Mamba2-2.7B and 0.515 against 0.659 ms at
+    Nemotron-3 Nano TP1; docs/results.md has the whole steps."""
     path = os.environ.get(SIDES_VAR, "")
     if path not in ("", "1", "2"):
         raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (2)")
@@ -337,8 +335,8 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 # Default (no tuned entry): 64 rows, all of dstate up to 128, 64-wide k steps, 4 warps, 3 stages.
 # With dC and dB in branches one accumulator is live at a time, and 4 warps beat 8 at Mamba2 and
-# Zamba2 on the H200 (2026-12-03, `scripts/dbdc_sides.py`: 0.916 / 1.157 ms and 0.785 / 1.080
-# ms at one side; 0.844 / 1.121 and 0.735 / 1.087 at two). Before the branches two
+# Zamba2 on the H200 (0.916 / 1.157 ms and 0.785 / 1.080 ms at one side; 0.844 / 1.121 and
+# 0.735 / 1.087 at two). Before the branches two
 # accumulators wanted 8 warps, and the 32-wide k step with 2 stages was 1.6x slower.
 _DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 4, 3)
 

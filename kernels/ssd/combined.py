@@ -75,12 +75,10 @@ SP_BWD_PATH = "MAMBA_TUNE_SSD_SP_BWD"
 def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
     """Whether the backward runs B2 + B3 split (`state_passing_bwd`) at this shape: where the
     one walk has few chains to run side by side (batch * nheads < 64) or long steps (each a
-    dot over chunk_size >= 256 positions). Measured on the H200 (2026-12-02, bf16, seqlen 8192,
-    batch 2; split / fused ms, each path on its entries or defaults): Falcon-H1-0.5B (24 heads)
-    0.168 / 0.199, Mamba2-2.7B (80 heads, chunk 256) 0.268 / 0.289, Zamba2-2.7B (80, chunk 256)
-    0.154 / 0.183; Nemotron-3 Nano TP2 (32 heads, a tie: the one walk, whose entries exist)
-    0.196 / 0.198, Nemotron-3 Nano TP1 (64 heads) 0.303 / 0.248, Nemotron-H 8B (128)
-    0.550 / 0.493, Nemotron-H 47B (256, dstate 256) 2.125 / 1.887. Mirrored by
+    dot over chunk_size >= 256 positions). Both paths were timed at every preset on the H200
+    (`experiments/ssd_bwd_paths/state_passing_bwd_paths.py`): the split won at Falcon-H1, Mamba2
+    and Zamba2 (Falcon-H1 0.168 against 0.199 ms), the one walk at Nemotron-3 Nano, 8B and 47B
+    (Nano TP1 0.248 against 0.303 ms); docs/results.md has the whole steps. Mirrored by
     autotune_cli.kernel_keys (tests/ssd/test_state_passing_bwd.py checks they agree)."""
     return batch * nheads < 64 or chunk_size >= 256
 
@@ -102,11 +100,9 @@ DBDC_PATH = "MAMBA_TUNE_SSD_DBDC"
 def two_pass_dbdc(dstate: int) -> bool:
     """Whether the backward takes dB and dC in two passes (`dbdc_two_pass`) at this shape: at
     dstate >= 256, where the one kernel rebuilds each dCB tile for every dstate block it holds.
-    Measured on the H200 (2026-12-03, bf16, batch 2, seqlen 8192, `experiments/ssd_bwd_paths/dbdc_paths.py`; one
-    kernel on its bundle entry / two passes on their defaults / mamba-ssm, ms): Nemotron-H 47B
-    (dstate 256) 5.194 / 4.058 / 4.092; at dstate <= 128 the one kernel: Nemotron-3 Nano
-    0.645 / 0.831 / 1.058, Mamba2-2.7B 1.184 / 1.390 / 1.183, Zamba2-2.7B (dstate 64)
-    0.940 / 1.081 / 1.490, Falcon-H1-0.5B 0.317 / 0.320 / 0.764. Mirrored by
+    Both were timed at every preset on the H200 (`experiments/ssd_bwd_paths/dbdc_paths.py`): two
+    passes won only at dstate 256 (Nemotron-H 47B: 4.058 against 5.194 ms), the one kernel at
+    every dstate <= 128 (Nano: 0.645 against 0.831 ms); docs/results.md has the whole steps. Mirrored by
     autotune_cli.kernel_keys (tests/ssd/test_dbdc_two_pass.py checks they agree)."""
     return dstate >= 256
 

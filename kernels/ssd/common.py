@@ -27,7 +27,7 @@ SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chun
 # and F5 run one head per program, so a config tuned at 64 heads also serves a wider model
 # (Nemotron-H 8B: 128 heads) with the same headdim, ngroups, dstate and chunk_size; those
 # stay structural (exact match). ngroups does too: F4 runs one group per program, and the
-# only measured transfers (H200, 2026-11-29: 8B from Nano TP1) keep it equal.
+# only measured transfers (on the H200: 8B from Nano TP1) keep it equal.
 SIZE_DIMS = ("batch", "seqlen", "nheads")
 
 

@@ -134,7 +134,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_dfinal": int(dfinal is not None)}
 
 
-# Default: 16 x 64 state blocks, 4 warps, 2 stages. On the H200 (2026-12-02, bf16, batch 2,
+# Default: 16 x 64 state blocks, 4 warps, 2 stages. On the H200 (bf16, batch 2,
 # seqlen 8192) it was the fastest of seven configs at Mamba2-2.7B (0.093 ms; 16 x 32: 0.122)
 # and Zamba2-2.7B, and within 1% of the fastest at Falcon-H1-0.5B and Nemotron-3 Nano.
 _DEFAULT = common.clamped_default([16, 64], ("headdim", "dstate"), 4, 2)

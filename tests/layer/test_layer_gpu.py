@@ -83,7 +83,7 @@ TINY_MAMBA2 = {"nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_si
 
 
 def test_layer_at_transformers_tiny_mamba2_dims_vs_mamba_ssm_fused():
-    """On the H200 (session 12) the tiny Mamba2's training gradients, patched, were 2.2-4x further
+    """On the H200 the tiny Mamba2's training gradients, patched, were 2.2-4x further
     from fp32 than its own path's (mamba-ssm's fused layer); on the CPU (ref mode) ours is as close
     as eager bf16. This is the layer alone at those dims against mamba-ssm's fused function, with
     a bound relative to each gradient's size (the Nano test's atol is at least 1e-2 absolute, looser

@@ -5,7 +5,7 @@ The tuner searches configs for `make_problem(dims)`'s arguments; the run time ap
 arguments mamba-ssm's modules hand the kernels. Where the two bind to different config spaces
 (a loop that is a static range in one and not the other, a different number of loads), Helion
 rejects every tuned config at run time and the kernel falls back to its default. That happened
-on the H200 (2026-12-02): `ssd_chunk_cumsum_bwd` was tuned on one partial sum of each kind while
+on the H200: `ssd_chunk_cumsum_bwd` was tuned on one partial sum of each kind while
 training hands it 4 and 32 ("Too many values for config['static_ranges'], expected 1, got 2").
 
 Here the real calls run on the CPU (ref mode) at Mamba-2 proportions (headdim 64, dstate 128, so

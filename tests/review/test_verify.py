@@ -95,7 +95,7 @@ def test_verify_on_gpu(tmp_path: Path) -> None:
     path = tmp_path / "tiny.json"
     write_bundle(good, path)
     # Tiny kernels time in microseconds and are host-bound: on a shared H200 host the 12 us norm
-    # backward re-timed at 38 us seconds later (session 5). A wide regression margin keeps this
+    # backward re-timed at 38 us seconds later. A wide regression margin keeps this
     # about the flow; the /100 case below checks that a regression is caught.
     res = runner.invoke(app, ["verify", str(path), "--json-out", str(tmp_path / "v.json"), "--regression-pct", "1000"])
     assert res.exit_code == 0, res.output

@@ -1,6 +1,6 @@
 """The backward's run-time keys are the ones the specs tune.
 
-Measured on the H200 (2026-12-01): a bf16 forward+backward at Nemotron-3 Nano dims looked up
+Measured on the H200: a bf16 forward+backward at Nemotron-3 Nano dims looked up
 `ssd_chunk_scan_chunk_state_bwd_dx|...|fp32` and `ssd_chunk_cumsum_bwd|...|fp32` (their first
 tensors are fp32 buffers) and `ssd_chunk_state_passing_bwd|...,has_dfinal=1,...` (autograd
 handed the unused final_states a tensor of zeros), while `plan` lists bf16 keys with

@@ -136,7 +136,7 @@ def _bmm_baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     return Baseline(name, fn)
 
 
-# block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot]; 2026-12-03 H200
+# block_sizes = [chunk rows, dstate, chunk positions per dot, headdim per dot]; H200
 # probes at Nemotron-H 47B, Nemotron-3 Nano and the one-group presets (experiments/ssd_bwd_paths/dbdc_paths.py).
 _DCB_SEEDS = inputs.fixed_seeds([([128, 128, 64, 64], 8, 2), ([64, 128, 64, 64], 8, 3), ([32, 128, 64, 64], 4, 3),
                                  ([64, 64, 64, 64], 4, 3), ([64, 128, 32, 64], 8, 2)],

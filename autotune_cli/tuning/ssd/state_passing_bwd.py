@@ -117,7 +117,7 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     return Baseline(name, fn)
 
 
-# block_sizes = [headdim, dstate]; 2026-12-02 H200 probes at Mamba2-2.7B, Zamba2-2.7B,
+# block_sizes = [headdim, dstate]; H200 probes at Mamba2-2.7B, Zamba2-2.7B,
 # Falcon-H1-0.5B and Nemotron-3 Nano (kernels/ssd/state_passing_bwd.py's default comment).
 _SEEDS = inputs.fixed_seeds([([16, 64], 4, 2), ([16, 32], 4, 2), ([16, 32], 2, 3), ([32, 32], 4, 2),
                              ([16, 16], 2, 2), ([64, 64], 8, 2)])
