@@ -24,7 +24,7 @@ Where the causal-conv1d package is not installed, `modules.mamba2` has None for
 `causal_conv1d_fn` and `causal_conv1d_update`, and Mamba2 falls back to torch (nn.Conv1d plus
 SiLU, a decode step of torch ops, and no packed sequences: it asserts `seq_idx is None`). The
 patch fills those two with the kernels here; an installed package's functions are left alone
-(its conv1d backward is faster than ours today: README, "Mamba-2 layer and causal conv1d").
+(its conv1d backward is faster than ours today: the layer's `conv1d_bwd` row in docs/results.md).
 
 `unpatch_mamba_ssm()` puts back exactly the objects it replaced; both functions are
 idempotent. `MAMBA_TUNE_PATCH_MAMBA_SSM=1` (or `strict`) patches at `import mamba_tune`.

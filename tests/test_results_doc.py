@@ -123,3 +123,18 @@ def test_a_row_measured_as_none_is_left_out(tmp_path: Path) -> None:
     bench_file(tmp_path, "h200-x.json", "h200", [none, ssd_row("mamba2-2.7b", "total_graph", 1.0, 2.0)])
     (f,) = load_results(tmp_path)
     assert [r.label for r in f.rows] == ["total_graph"]
+
+
+def test_the_readmes_results_table_is_the_documents_summary() -> None:
+    # The README quotes the summary's rows under a marker; each must be in docs/results.md's
+    # summary as it is (regenerate both when a figure changes).
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("<!-- the summary of docs/results.md"))
+    rows = []
+    for line in readme[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    summary = DOC.read_text(encoding="utf-8").split("## Summary")[1].split("\n## ")[0].splitlines()
+    assert len(rows) >= 4
+    assert [r for r in rows if r not in summary] == []

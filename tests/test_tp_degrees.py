@@ -16,7 +16,7 @@ def _spec(preset: str, tp: list[int]) -> str:
 
 
 def test_tp_degrees_per_preset():
-    # The table in README's spec section.
+    # The degrees README's spec section lists.
     assert {name: tp_degrees(d) for name, d in MODEL_PRESETS.items()} == {
         "nemotron-3-nano-30b": [1, 2, 4, 8],
         "nemotron-h-8b": [1, 2, 4, 8],

@@ -3,8 +3,8 @@
 Every activation-sized copy on the host is GPU memory traffic that no kernel accounts for. The
 kernels run for real (Helion ref mode on the CPU); a TorchDispatchMode records the copy ops
 (`copy_`, `cat`, `_to_copy`, `clone`) issued outside `runtime.run`, so what a kernel does inside
-is not counted. The forward copies nothing. The backward's activation-sized copies are the glue
-that README's layer section names: dz and ddt written into their slices of the layer's gradient
+is not counted. The forward copies nothing. The backward's activation-sized copies are its
+glue: dz and ddt written into their slices of the layer's gradient
 buffer, dx, dB and dC concatenated into the conv's gradient, and dB and dC summed from fp32 head
 partials where the dB/dC kernel splits a group's heads. Removing one needs a kernel that writes
 into the slice; this test then changes with it.
