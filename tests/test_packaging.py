@@ -33,6 +33,8 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
             rel = Path(pkg, py.relative_to(ROOT / folder)).as_posix()
             assert rel in names, f"{rel} missing from the wheel"
     assert not any(n.startswith("kernels/") for n in names)  # Hugging Face's kernels package's name
+    # Experiments and measured results stay in the repository, outside the product.
+    assert not [n for n in names if n.startswith(("experiments/", "benchmarks/", "autotune_cli/benchmarks/results/"))]
     assert any(n.endswith("entry_points.txt") for n in names)
 
     # Installed (no repository on the path): the kernels import, and the torch-free source
