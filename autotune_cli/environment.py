@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from autotune_cli import __version__
-from autotune_cli.presets import arch_of, sku_of
 from mamba_tune.bundle import GpuInfo, Versions
+from mamba_tune.sku import arch_of, sku_of
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CPU_DRY_RUN_GPU = GpuInfo(name="CPU (Helion ref mode dry run)", sku="cpu", arch="cpu", compute_capability="0.0",

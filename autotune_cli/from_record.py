@@ -1,7 +1,8 @@
 """A call record (mamba_tune.record) -> the combos `mamba-tune sweep --from-record` tunes.
 
 A recorded key becomes a `Combo` when a call of it was served by anything but an exact
-entry (``nearest ...`` or ``default``), or always with ``force``. Every recorded kernel,
+entry of the GPU's own SKU (``nearest ...``, ``default``, or an entry tuned on a sibling
+SKU: ``exact (tuned on h200, running on h100)``), or always with ``force``. Every recorded kernel,
 its dims and dtype are checked against the known kernels first, so a stale or foreign
 record is one line (`RecordError`) before anything is tuned.
 """
@@ -12,9 +13,9 @@ import dataclasses
 from pathlib import Path
 
 from autotune_cli.plan import Combo
-from autotune_cli.presets import sku_of
 from autotune_cli.tuning import all_kernels
 from mamba_tune.record import RecordError, load_record
+from mamba_tune.sku import sku_of
 from mamba_tune.vocab import DTYPES
 
 

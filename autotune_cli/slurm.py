@@ -35,7 +35,6 @@ from rich.markup import escape
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo
-from autotune_cli.presets import GPU_SKUS
 from autotune_cli.sweep import (
     ComboResult,
     Sweep,
@@ -61,6 +60,7 @@ from mamba_tune.bundle import (
     Versions,
     load_bundle,
 )
+from mamba_tune.sku import GPU_SKUS
 
 STATE_FILE = "state.json"
 # Slurm states in which a task is still queued or running.

@@ -56,7 +56,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autotune_cli.presets import GPU_SKUS, MODEL_PRESETS, SEARCH_ALGORITHMS, ModelDims
+from autotune_cli.presets import MODEL_PRESETS, SEARCH_ALGORITHMS, ModelDims
+from mamba_tune.sku import GPU_SKUS
 from mamba_tune.vocab import DtypeName
 
 Effort = Literal["none", "quick", "full"]

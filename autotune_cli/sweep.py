@@ -35,7 +35,6 @@ from rich.text import Text
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo, estimate_seconds_for
-from autotune_cli.presets import GPU_SKUS
 from autotune_cli.search_trace import seconds_to_within
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.tuning import all_kernels
@@ -55,6 +54,7 @@ from mamba_tune.bundle import (
     temp_prefix,
     write_bundle,
 )
+from mamba_tune.sku import GPU_SKUS
 
 
 class SweepInputError(Exception):

@@ -26,7 +26,9 @@ The file (format ``mamba-tune-record``, version 1; JSON, keys sorted):
 
 ``served`` counts calls by how their config was chosen: ``exact`` (an entry of this key),
 ``nearest <key>`` (another shape's entry) or ``default`` (no entry: the kernel's default
-config). In Helion ref mode (no GPU) no config applies; the record says what the run-time
+config). An entry tuned on another SKU of the GPU's compute capability (the runtime's
+fallback, `mamba_tune.store`) says so: ``exact (tuned on h200, running on h100)``, so that
+`sweep --from-record` tunes its key for this SKU. In Helion ref mode (no GPU) no config applies; the record says what the run-time
 rule would choose from the bundles (of any compute capability, since there is none).
 
 Writing merges into an existing file (counts add up, devices join) under a file lock
@@ -73,20 +75,21 @@ class _Call:
     device: str
 
 
-def served_text(source: str) -> str:
-    """A `Resolution.source` without bundle paths: "exact", "nearest <key>" or "default"."""
-    if source.startswith("exact"):
-        return "exact"
-    if source.startswith("nearest "):
-        return "nearest " + source.split()[1]
-    return "default"
+def served_text(res: runtime.Resolution) -> str:
+    """How a call was served, without bundle paths: "exact", "nearest <key>" or "default",
+    with "(tuned on h200, running on h100)" after an entry of a sibling SKU."""
+    if res.config is None:
+        return "default"
+    how = "exact" if res.source.startswith("exact") else "nearest " + res.source.split()[1]
+    return f"{how} ({res.sku_note})" if res.sibling else how
 
 
 def _device_name(args: Sequence[Any]) -> str:
+    gpu = runtime.gpu_of(args)
+    if gpu is not None:
+        return gpu.name
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.device.type == "cuda":
-                return torch.cuda.get_device_name(a.device)
             return a.device.type
     return "none"
 
@@ -118,7 +121,7 @@ class Recorder:
                 res = runtime.resolution_of(k) or runtime.resolve(rk, args)
                 dims = rk.dims_from_args(args)
                 self._calls[k] = _Call(key=res.key, kernel=rk.name, dims=dims, dtype=runtime.dtype_of(args, rk),
-                                       served=served_text(res.source), device=_device_name(args))
+                                       served=served_text(res), device=_device_name(args))
             self._counts.setdefault(k, [0])[0] += 1
 
     def forget_resolutions(self) -> None:

@@ -2,22 +2,10 @@
 
 For each (kernel, shape) the first call resolves a config, compiles it once with
 `BoundKernel.compile_config` and caches the compiled callable; later calls with the
-same shapes, strides and dtypes only pay a dict lookup. The lookup order is an explicit
-mode (`configure(mode=...)`, overridable by MAMBA_TUNE_CONFIG_MODE):
-
-- ``exact``: only an entry whose key equals the call's key.
-- ``nearest`` (default): exact, else the entry of the same kernel, dtype and structural
-  dims (every dim not in the kernel's ``size_dims``) whose size dims are closest in
-  log-space, with each size dim within a factor of ``NEAREST_MAX_RATIO`` of the call's.
-  A kernel's ``neutral_dims`` (structural dims that do not change its config space, such
-  as the norm's weight dtype) may differ too, but only where no entry matches them.
-- ``default``: ignore bundles and use the kernel's default config.
-
-Whatever the mode, a call that finds no entry runs the kernel's default config and warns
-once, naming the missing key and the command that tunes it. Bundles tuned on another
-compute capability, or for a kernel whose source has changed since, are skipped with
-one warning. Autotuning is impossible on this path: every runtime kernel is declared
-with ``autotuner_fn=refuse_autotune``.
+same shapes, strides and dtypes only pay a dict lookup. Which config a key gets (the
+lookup modes, the GPU SKU's bundles before its siblings', the nearest rule, a GPU with no
+bundle) is `mamba_tune.store`'s to say (docs/bundles.md). Autotuning is impossible on this
+path: every runtime kernel is declared with ``autotuner_fn=refuse_autotune``.
 
 Each kernel file declares its `RuntimeKernel` next to its code: the name, the bundle key
 dims read from the call's arguments and the default config. There is no list of all
@@ -28,11 +16,9 @@ first time that kernel is resolved.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import inspect
 import logging
-import math
 import os
 import threading
 import warnings
@@ -43,23 +29,19 @@ from typing import Any
 import torch
 
 from mamba_tune import vocab
-from mamba_tune.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
+from mamba_tune.sku import Gpu
+from mamba_tune.store import ENV_CONFIGS as ENV_CONFIGS
+from mamba_tune.store import NEAREST_MAX_RATIO as NEAREST_MAX_RATIO
+from mamba_tune.store import ConfigStore, Mode, Resolution, default_bundle_paths
+from mamba_tune.store import nearest_entry as nearest_entry
 
 log = logging.getLogger("mamba_tune")
 
-NEAREST_MAX_RATIO = 4.0
-ENV_CONFIGS = "MAMBA_TUNE_CONFIGS"
 ENV_MODE = "MAMBA_TUNE_CONFIG_MODE"
 
 
 class MambaTuneWarning(UserWarning):
     """A config could not be used as tuned; the kernel runs with a fallback."""
-
-
-class Mode(str, enum.Enum):
-    exact = "exact"
-    nearest = "nearest"
-    default = "default"
 
 
 class RuntimeAutotuneError(RuntimeError):
@@ -137,131 +119,6 @@ def kernel_source_sha256(kernel: Any) -> str:
     return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
 
 
-@dataclasses.dataclass(frozen=True)
-class Resolution:
-    config: dict[str, Any] | None  # None: the kernel's default config
-    source: str  # "exact <bundle>", "nearest <key> <bundle>", "default"
-    key: str
-
-
-@dataclasses.dataclass
-class _KernelIndex:
-    # dtype -> list of (entry, bundle path), and key -> (entry, bundle path): one kernel's
-    # usable entries, the first bundle winning a duplicate key.
-    by_dtype: dict[str, list[tuple[Entry, Path]]]
-    exact: dict[str, tuple[Entry, Path]]
-
-
-def default_bundle_paths() -> list[Path]:
-    env = os.environ.get(ENV_CONFIGS)
-    if env:
-        return [Path(p) for p in env.split(os.pathsep) if p]
-    import generated_configs
-
-    return [Path(generated_configs.__file__).parent]
-
-
-class ConfigStore:
-    """Bundles for one compute capability, indexed for exact and nearest lookup."""
-
-    def __init__(self, paths: Sequence[Path], compute_capability: str | None, warn: Callable[[str], None]):
-        self.paths = list(paths)
-        self.compute_capability = compute_capability
-        self._warn = warn
-        self._bundles: list[tuple[Bundle, Path]] | None = None
-        self._indexes: dict[str, _KernelIndex] = {}
-
-    def _load(self) -> list[tuple[Bundle, Path]]:
-        """The usable bundles for this compute capability, in path order (read once)."""
-        if self._bundles is not None:
-            return self._bundles
-        bundles: list[tuple[Bundle, Path]] = []
-        for path in find_bundles(self.paths):
-            try:
-                bundle: Bundle = load_bundle(path)
-            except BundleError as e:
-                self._warn(f"ignoring bundle: {e}")
-                continue
-            gpu = bundle.provenance.gpu
-            if self.compute_capability is not None and gpu.compute_capability != self.compute_capability:
-                log.info("skipping %s: tuned on %s (sm %s), this GPU is sm %s", path, gpu.name,
-                         gpu.compute_capability, self.compute_capability)
-                continue
-            bundles.append((bundle, path))
-        self._bundles = bundles
-        log.info("loaded %d tuned configs from %s", sum(len(b.entries) for b, _ in bundles),
-                 ", ".join(map(str, self.paths)))
-        return bundles
-
-    def _index(self, rk: RuntimeKernel) -> _KernelIndex:
-        """One kernel's entries; a bundle that tuned an older source of it is skipped with a warning."""
-        index = self._indexes.get(rk.name)
-        if index is not None:
-            return index
-        index = _KernelIndex(by_dtype={}, exact={})
-        source_sha256 = rk.source_sha256()
-        for bundle, path in self._load():
-            prov = bundle.provenance.kernels.get(rk.name)
-            if prov is not None and prov.source_sha256 != source_sha256:
-                self._warn(
-                    f"{path}: kernel {rk.name} changed since it was tuned (source hash "
-                    f"{prov.source_sha256[:12]} != {source_sha256[:12]}); its entries are not used. "
-                    f"`mamba-tune sweep SPEC` re-tunes them"
-                )
-                continue
-            for key, entry in bundle.entries.items():
-                if entry.kernel != rk.name:
-                    continue
-                if key in index.exact:
-                    log.info("%s: %s also in %s; keeping the first", path, key, index.exact[key][1])
-                    continue
-                index.exact[key] = (entry, path)
-                index.by_dtype.setdefault(entry.dtype, []).append((entry, path))
-        self._indexes[rk.name] = index
-        return index
-
-    def resolve(self, rk: RuntimeKernel, dims: dict[str, int], dtype: str, mode: Mode) -> Resolution:
-        key = entry_key(rk.name, dims, dtype)
-        if mode is Mode.default:
-            return Resolution(None, "default (mode=default)", key)
-        index = self._index(rk)
-        hit = index.exact.get(key)
-        if hit is not None:
-            return Resolution(dict(hit[0].config), f"exact {hit[1]}", key)
-        if mode is Mode.nearest:
-            near = nearest_entry(rk, dims, [e for e, _ in index.by_dtype.get(dtype, [])])
-            if near is not None:
-                path = index.exact[near.key][1]
-                return Resolution(dict(near.config), f"nearest {near.key} {path}", key)
-        return Resolution(None, "default", key)
-
-
-def nearest_entry(rk: RuntimeKernel, dims: dict[str, int], candidates: Sequence[Entry]) -> Entry | None:
-    """The documented nearest rule (see the module docstring); ties go to the smaller shape.
-    An entry that differs in a neutral dim ranks after every entry that does not."""
-    best: tuple[int, float, tuple[int, ...], Entry] | None = None
-    for entry in candidates:
-        if entry.dims.keys() != dims.keys():
-            continue
-        if any(entry.dims[d] != dims[d] for d in dims if d not in rk.size_dims and d not in rk.neutral_dims):
-            continue
-        crossed = sum(entry.dims[d] != dims[d] for d in rk.neutral_dims)
-        dist = 0.0
-        ok = True
-        for d in rk.size_dims:
-            a, b = entry.dims[d], dims[d]
-            if a <= 0 or b <= 0 or max(a, b) / min(a, b) > NEAREST_MAX_RATIO:
-                ok = False
-                break
-            dist += abs(math.log(a / b))
-        if not ok:
-            continue
-        rank = (crossed, dist, tuple(entry.dims[d] for d in rk.size_dims), entry)
-        if best is None or rank[:3] < best[:3]:
-            best = rank
-    return None if best is None else best[3]
-
-
 def tune_command(rk: RuntimeKernel, dims: dict[str, int], dtype: str) -> str:
     dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
     return f"mamba-tune tune {rk.name} --dims {dims_text} --dtype {dtype}"
@@ -272,7 +129,8 @@ class _Runtime:
         self.lock = threading.Lock()
         self.paths: list[Path] | None = None
         self.mode: Mode | None = None
-        self.stores: dict[str | None, ConfigStore] = {}
+        self.stores: dict[Gpu | None, ConfigStore] = {}
+        self.gpus: dict[torch.device, Gpu | None] = {}  # read_gpu's answer per device, read once
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.resolutions: dict[tuple[Any, ...], Resolution] = {}
         self.warned: set[str] = set()
@@ -297,12 +155,12 @@ class _Runtime:
                 return Mode.nearest
         return self.mode or Mode.nearest
 
-    def store(self, compute_capability: str | None) -> ConfigStore:
-        store = self.stores.get(compute_capability)
+    def store(self, gpu: Gpu | None) -> ConfigStore:
+        store = self.stores.get(gpu)
         if store is None:
             paths = self.paths if self.paths is not None else default_bundle_paths()
-            store = ConfigStore(paths, compute_capability, self.warn_once)
-            self.stores[compute_capability] = store
+            store = ConfigStore(paths, gpu, self.warn_once)
+            self.stores[gpu] = store
         return store
 
 
@@ -320,6 +178,7 @@ def configure(*, bundle_paths: Sequence[str | os.PathLike[str]] | None = None, m
         _RT.paths = None if bundle_paths is None else [Path(p) for p in bundle_paths]
         _RT.mode = None if mode is None else Mode(mode)
         _RT.stores.clear()
+        _RT.gpus.clear()
         _RT.compiled.clear()
         _RT.resolutions.clear()
         _RT.warned.clear()
@@ -350,12 +209,29 @@ def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
 _Tensor = torch.Tensor
 
 
-def _compute_capability(args: Sequence[Any]) -> str | None:
+def read_gpu(device: torch.device) -> Gpu | None:
+    """The one place the runtime asks which GPU it runs on: name and compute capability, None
+    off CUDA. `gpu_of` calls it once per device, at a shape's first call (never on the cached
+    path, so CUDA-graph capture never meets it); a test without a GPU patches this function."""
+    if device.type != "cuda":
+        return None
+    return Gpu.of(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+
+
+def gpu_of(args: Sequence[Any]) -> Gpu | None:
+    """The GPU a call runs on (its first CUDA tensor's, else its first tensor's device), read once per device."""
+    device: torch.device | None = None
     for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
-            major, minor = torch.cuda.get_device_capability(a.device)
-            return f"{major}.{minor}"
-    return None
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "cuda":
+                device = a.device
+                break
+            device = device or a.device
+    if device is None:
+        return None
+    if device not in _RT.gpus:
+        _RT.gpus[device] = read_gpu(device)
+    return _RT.gpus[device]
 
 
 def _dtype_of(args: Sequence[Any], index: int | None = None) -> str:
@@ -371,7 +247,7 @@ def resolve(rk: RuntimeKernel, args: Sequence[Any]) -> Resolution:
     """Which config a call with these arguments runs (no compilation)."""
     dims = rk.dims_from_args(args)
     dtype = _dtype_of(args, rk.dtype_arg)
-    return _RT.store(_compute_capability(args)).resolve(rk, dims, dtype, _RT.effective_mode())
+    return _RT.store(gpu_of(args)).resolve(rk, dims, dtype, _RT.effective_mode())
 
 
 class NoDeviceError(RuntimeError):
@@ -421,9 +297,15 @@ def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
         dims = rk.dims_from_args(args)
         if res.config is None:
             cmd = tune_command(rk, dims, _dtype_of(args, rk.dtype_arg))
-            _RT.warn_once(
-                f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. Tune it with: {cmd}"
-            )
+            # A GPU no bundle was tuned for: one warning for the process, not one per key.
+            _RT.warn_once(_RT.store(gpu_of(args)).no_bundle_warning() or
+                          f"mamba-tune: no tuned config for {res.key}; running the kernel's default config. "
+                          f"Tune it with: {cmd}")
+        elif res.sibling:
+            _RT.log_once(f"mamba-tune: this {res.running_on} runs configs tuned on {res.tuned_on} (same compute "
+                         f"capability) where its own bundles have no entry; INFO logs each such key "
+                         f"'({res.sku_note})'. Tune for {res.running_on} on this GPU: `mamba-tune sweep "
+                         f"sweeps/<spec>.yaml` with the spec's `target: {{gpu: {res.running_on}}}`")
         log.info("%s: %s", res.key, res.source)
         bound = rk.kernel.bind(tuple(args))
         fn, res = _compile(rk, bound, res, dims, _dtype_of(args, rk.dtype_arg))

@@ -17,8 +17,11 @@ from mamba_tune.bundle import (
     Timing,
     Versions,
 )
+from mamba_tune.sku import Gpu
 
 H200 = GpuInfo(name="NVIDIA H200", sku="h200", arch="sm90", compute_capability="9.0", sm_count=132)
+H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", sku="h100", arch="sm90", compute_capability="9.0", sm_count=132)
+B200 = GpuInfo(name="NVIDIA B200", sku="b200", arch="sm100", compute_capability="10.0", sm_count=148)
 VERSIONS = Versions(helion="1.5.0", torch="2.11.0", triton="3.6.0", cuda="13.0", driver="580", python="3.12.3")
 
 
@@ -63,3 +66,9 @@ def bundle(*entries: Entry, gpu: GpuInfo = H200, versions: Versions = VERSIONS,
                       updated="2026-11-29T00:00:00+00:00", gpu=gpu, versions=versions,
                       kernels={k: KernelProvenance(source_sha256=hashes[k]) for k in kernels})
     return Bundle(provenance=prov, entries={e.key: e for e in entries})
+
+
+def running_on(info: GpuInfo) -> Gpu:
+    """The runtime's view of a GPU that a bundle says it was tuned on (name and compute capability)."""
+    major, minor = info.compute_capability.split(".")
+    return Gpu.of(info.name, (int(major), int(minor)))

@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 import torch
-from bundles import H200, bundle, entry, norm_dims
+from bundles import B200, H200, bundle, entry, norm_dims, running_on
 
 from autotune_cli.tuning import all_kernels
 from mamba_tune import runtime
-from mamba_tune.bundle import GpuInfo, write_bundle
+from mamba_tune.bundle import write_bundle
 from mamba_tune.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
 
 
@@ -21,12 +21,12 @@ from mamba_tune.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
 def store_for(tmp_path):
     count = iter(range(1000))
 
-    def make(*bundles, cc="9.0"):
+    def make(*bundles, gpu=H200):
         root = tmp_path / f"store{next(count)}"
         for i, b in enumerate(bundles):
             write_bundle(b, root / b.provenance.gpu.sku / f"b{i}.json")
         messages: list[str] = []
-        return runtime.ConfigStore([root], cc, messages.append), messages
+        return runtime.ConfigStore([root], running_on(gpu), messages.append), messages
     return make
 
 
@@ -92,10 +92,9 @@ def test_modes(store_for):
 
 
 def test_other_compute_capability_is_not_used(store_for):
-    b200 = GpuInfo(name="NVIDIA B200", sku="b200", arch="sm100", compute_capability="10.0", sm_count=148)
-    store, msgs = store_for(bundle(entry(config=CFG_NEAR), gpu=b200), bundle(entry(config=CFG_EXACT)))
+    store, msgs = store_for(bundle(entry(config=CFG_NEAR), gpu=B200), bundle(entry(config=CFG_EXACT)))
     assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
-    store_b, _ = store_for(bundle(entry(config=CFG_EXACT)), cc="10.0")
+    store_b, _ = store_for(bundle(entry(config=CFG_EXACT)), gpu=B200)
     assert store_b.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config is None
 
 
@@ -109,7 +108,7 @@ def test_invalid_bundle_warns_once_and_is_skipped(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     write_bundle(bundle(entry(config=CFG_EXACT)), tmp_path / "good.json")
     msgs: list[str] = []
-    store = runtime.ConfigStore([tmp_path], "9.0", msgs.append)
+    store = runtime.ConfigStore([tmp_path], running_on(H200), msgs.append)
     assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
     assert len(msgs) == 1 and "bad.json:1: not valid JSON" in msgs[0]
 
@@ -125,7 +124,7 @@ def test_unreadable_bundle_files_warn_and_are_skipped(tmp_path):
     (tmp_path / "folder.json").mkdir()
     (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
     msgs: list[str] = []
-    store = runtime.ConfigStore([tmp_path], "9.0", msgs.append)
+    store = runtime.ConfigStore([tmp_path], running_on(H200), msgs.append)
     assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
     got = sorted(m.split(str(tmp_path) + "/")[1] for m in msgs)
     assert got == ["binary.json:1: not UTF-8 text (byte 0: b'\\x89')",
@@ -163,7 +162,7 @@ def test_committed_bundles_load_for_their_gpu():
     paths = find_bundles(runtime.default_bundle_paths())
     for p in paths:
         b = load_bundle(p)
-        store = runtime.ConfigStore([p], b.provenance.gpu.compute_capability, pytest.fail)
+        store = runtime.ConfigStore([p], running_on(b.provenance.gpu), pytest.fail)
         for e in b.entries.values():
             tk = all_kernels()[e.kernel]
             assert store.resolve(tk, e.dims, e.dtype, runtime.Mode.exact).config == e.config
@@ -204,7 +203,7 @@ def test_lookup_after_first_call_is_cheap():
 
 
 def test_h200_fixture_matches_presets():
-    from autotune_cli.presets import sku_of
+    from mamba_tune.sku import sku_of
 
     assert sku_of(H200.name) == "h200" and sku_of("NVIDIA GH200 480GB") == "gh200"
 

@@ -136,9 +136,9 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
                    cpu_dry_run: bool) -> tuple[list[Combo], _Source]:
     """`--from-record`: the recorded combos without an exact entry, the target GPU and bundle name."""
     from autotune_cli.from_record import combos_from_record
-    from autotune_cli.presets import GPU_SKUS
     from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
     from mamba_tune.record import RecordError
+    from mamba_tune.sku import GPU_SKUS
 
     try:
         rp = combos_from_record(path, force=force)
@@ -309,9 +309,9 @@ def tune_command(
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
     from autotune_cli.plan import Combo
-    from autotune_cli.presets import GPU_SKUS
     from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, dims_problem, name_problem
     from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from mamba_tune.sku import GPU_SKUS
 
     known = all_keys()
     if kernel not in known:

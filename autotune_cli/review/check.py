@@ -37,9 +37,9 @@ from rich.text import Text
 
 from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
-from autotune_cli.presets import GPU_SKUS
 from autotune_cli.spec import Spec
 from mamba_tune.bundle import Bundle, Entry, find_bundles, load_bundle
+from mamba_tune.sku import GPU_SKUS
 
 PACKAGES = ("helion", "torch", "triton")
 
