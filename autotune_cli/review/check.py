@@ -20,7 +20,11 @@ local label, when the recorded one equals it up to its local label ('2.11.0' mat
 '2.11.0+cu130', '2.11.0+cu130' matches only itself).
 
 Missing: no bundle has the key (a recorded failure is named). Stale: an entry exists but
-every bundle holding it fails one of the rules above; the reasons say which.
+every bundle holding it fails one of the rules above; the reasons say which. Sibling: no
+bundle of the target SKU has the key, but a bundle under `DIR/<sibling sku>/` (another SKU
+of the same arch, e.g. h200 for an h100 spec) has an entry the runtime would fall back to
+(tuned on that SKU, kernel source unchanged): not tuned for this SKU, so not covered, but
+the reasons name the entry that runs instead (docs/bundles.md).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.spec import Spec
 from mamba_tune.bundle import Bundle, Entry, find_bundles, load_bundle
-from mamba_tune.sku import GPU_SKUS
+from mamba_tune.sku import GPU_SKUS, siblings
 
 PACKAGES = ("helion", "torch", "triton")
 
@@ -55,7 +59,7 @@ class Expected:
 @dataclasses.dataclass(frozen=True)
 class ComboStatus:
     key: str
-    status: Literal["ok", "missing", "stale"]
+    status: Literal["ok", "missing", "stale", "sibling"]
     bundle: str | None  # the bundle that covers it (ok)
     reasons: tuple[str, ...]
 
@@ -129,6 +133,23 @@ def _config_problem(entry: Entry) -> str | None:
     return config_problem(all_kernels()[entry.kernel], entry)
 
 
+def _sibling_bundles(root: Path, sku: str) -> dict[str, Bundle]:
+    """The bundles under root/<sibling>/ tuned on that sibling SKU: what the runtime falls back to."""
+    out: dict[str, Bundle] = {}
+    for sibling in siblings(sku):
+        folder = root / sibling
+        for p in find_bundles([folder]) if folder.is_dir() else []:
+            b = load_bundle(p)
+            if (b.provenance.gpu.sku, b.provenance.gpu.arch) == (sibling, GPU_SKUS[sku].arch):
+                out[p.as_posix()] = b
+    return out
+
+
+def _source_of(b: Bundle, kernel: str) -> str | None:
+    prov = b.provenance.kernels.get(kernel)
+    return None if prov is None else prov.source_sha256
+
+
 def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None = None) -> CheckResult:
     """Coverage of `spec` by the bundles under `root/<target sku>/` (BundleError on a bad bundle)."""
     sku = spec.target.gpu
@@ -138,6 +159,7 @@ def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None =
     expected = expected_versions(bundles, given or {})
     hashes = {name: key.source_sha256() for name, key in all_keys().items()}
     problems = {path: _bundle_problems(b, sku, expected) for path, b in bundles.items()}
+    fallbacks = _sibling_bundles(root, sku)
 
     combos: list[ComboStatus] = []
     for combo in plan(spec):
@@ -168,8 +190,15 @@ def check_coverage(spec: Spec, root: Path, given: dict[str, str | None] | None =
         else:
             failed = [f"{path}: tuning failed: {b.failures[combo.key].reason}"
                       for path, b in bundles.items() if combo.key in b.failures]
-            combos.append(ComboStatus(combo.key, "missing", None,
-                                      tuple(failed) or (f"no entry in any bundle under {folder}",)))
+            fallback = next((f"not tuned for {sku}: {path} has its entry, tuned on {b.provenance.gpu.sku} (what the "
+                             f"runtime falls back to where no {sku} entry is near enough)"
+                             for path, b in fallbacks.items() if combo.key in b.entries
+                             and _source_of(b, combo.kernel) == hashes[combo.kernel]), None)
+            if fallback is not None:
+                combos.append(ComboStatus(combo.key, "sibling", None, (fallback, *failed)))
+            else:
+                combos.append(ComboStatus(combo.key, "missing", None,
+                                          tuple(failed) or (f"no entry in any bundle under {folder}",)))
     return CheckResult(spec.name, sku, folder.as_posix(), tuple(bundles), expected, tuple(combos))
 
 
@@ -181,6 +210,8 @@ def summary_line(r: CheckResult) -> str:
     head = f"check {r.spec} ({r.sku}): {r.count('ok')}/{n} combos covered by {len(r.bundles)} bundle(s) in {r.folder}"
     if not r.ok:
         head += f"; {r.count('missing')} missing, {r.count('stale')} stale"
+        if r.count("sibling"):
+            head += f", {r.count('sibling')} served by a sibling SKU's entries (not tuned for {r.sku})"
     exp = ", ".join(f"{pkg} {r.expected.versions[pkg] or '-'}" for pkg in PACKAGES)
     return f"{head}. Expected {exp}"
 
@@ -193,7 +224,7 @@ def to_json(r: CheckResult) -> dict[str, Any]:
     return {
         "spec": r.spec, "sku": r.sku, "folder": r.folder, "ok": r.ok, "bundles": list(r.bundles),
         "expected_versions": r.expected.versions, "expected_sources": r.expected.sources,
-        "counts": {s: r.count(s) for s in ("ok", "missing", "stale")},
+        "counts": {s: r.count(s) for s in ("ok", "missing", "stale", "sibling")},
         "combos": [dataclasses.asdict(c) | {"reasons": list(c.reasons)} for c in r.combos],
     }
 

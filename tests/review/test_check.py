@@ -49,7 +49,7 @@ def test_complete(tmp_path: Path, combos: list[Combo], hashes: dict[str, str]) -
     fx.write(fx.bundle(entries_for(combos), kernels=hashes), tmp_path / "h200" / "tiny.json")
     code, data = run_check(tmp_path)
     assert code == 0
-    assert data["ok"] is True and data["counts"] == {"ok": 8, "missing": 0, "stale": 0}
+    assert data["ok"] is True and data["counts"] == {"ok": 8, "missing": 0, "stale": 0, "sibling": 0}
     assert set(statuses(data)) == {c.key for c in combos}
     assert data["expected_versions"] == {"helion": "1.5.0", "torch": "2.11.0+cu130", "triton": "3.6.0"}
     assert data["expected_sources"]["helion"].startswith("newest bundle ")
@@ -179,7 +179,39 @@ def test_entry_with_a_config_helion_rejects_is_stale(tmp_path: Path, combos: lis
     fx.write(fx.bundle(entries, kernels=hashes), tmp_path / "h200" / "tiny.json")
     code, data = run_check(tmp_path)
     assert code == 1
-    assert data["counts"] == {"ok": 7, "missing": 0, "stale": 1}
+    assert data["counts"] == {"ok": 7, "missing": 0, "stale": 1, "sibling": 0}
     (stale,) = [c for c in data["combos"] if c["status"] == "stale"]
     assert stale["key"] == bad.key
     assert "Helion rejects its config: InvalidConfig: Invalid config keys ['bogus_key']" in stale["reasons"][0]
+
+
+def test_sibling_sku_entries_are_not_coverage(tmp_path: Path, combos: list[Combo], hashes: dict[str, str]) -> None:
+    """An h100 spec whose keys only the h200 bundles hold: the runtime would run those on an
+    H100, but they were not tuned for it: not covered (exit 1), and the reasons name them."""
+    spec = tmp_path / "tiny-h100.yaml"
+    spec.write_text(TINY.read_text().replace("target: {gpu: h200, arch: sm90}", "target: {gpu: h100, arch: sm90}"))
+    fx.write(fx.bundle(entries_for(combos), kernels=hashes), tmp_path / "h200" / "tiny.json")
+    # The first combo tuned for the h100 too; the second's h200 entry tuned an older kernel source.
+    fx.write(fx.bundle(entries_for(combos[:1]), gpu=fx.H100, kernels=hashes), tmp_path / "h100" / "tiny.json")
+    fx.write(fx.bundle(entries_for(combos[1:2]), kernels={k: fx.SHA_B for k in hashes}), tmp_path / "h200" / "a.json")
+    res = runner.invoke(app, ["check", str(spec), "--bundles", str(tmp_path), "--format", "json"])
+    assert res.exit_code == 1, res.output
+    data = json.loads(res.stdout)
+    assert data["counts"] == {"ok": 1, "missing": 0, "stale": 0, "sibling": 7}
+    assert data["bundles"] == [(tmp_path / "h100" / "tiny.json").as_posix()]
+    st = statuses(data)
+    assert st[combos[0].key] == "ok" and {st[c.key] for c in combos[1:]} == {"sibling"}
+    why = next(c["reasons"] for c in data["combos"] if c["key"] == combos[1].key)
+    assert why == [f"not tuned for h100: {(tmp_path / 'h200' / 'tiny.json').as_posix()} has its entry, tuned on h200 "
+                   "(what the runtime falls back to where no h100 entry is near enough)"]
+    res = runner.invoke(app, ["check", str(spec), "--bundles", str(tmp_path)])
+    assert res.exit_code == 1
+    assert "7 served by a sibling SKU's entries (not tuned for h100)" in " ".join(res.stdout.split())
+    # Without the h200's fresh bundle they are missing (the stale a.json is no fallback); the
+    # h200 spec sees the h100 entry as a sibling's, and a.json's as stale.
+    (tmp_path / "h200" / "tiny.json").unlink()
+    _, data = run_check(tmp_path)
+    assert data["counts"] == {"ok": 0, "missing": 6, "stale": 1, "sibling": 1}
+    assert statuses(data)[combos[0].key] == "sibling"
+    res = runner.invoke(app, ["check", str(spec), "--bundles", str(tmp_path), "--format", "json"])
+    assert json.loads(res.stdout)["counts"] == {"ok": 1, "missing": 7, "stale": 0, "sibling": 0}
