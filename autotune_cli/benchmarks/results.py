@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune_cli.presets import MODEL_PRESETS, sku_of
+from autotune_cli.presets import MODEL_PRESETS
+from mamba_tune.sku import sku_of
 
 CARD_NAME = re.compile(r"([a-z0-9]+)-[A-Za-z0-9._-]+\.json")
 
