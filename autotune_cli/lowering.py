@@ -279,17 +279,18 @@ def config_spec(tk: TunableKernel, dims: dict[str, int], dtype: str) -> Any:
 
 
 def config_problem(tk: TunableKernel, entry: Entry) -> str | None:
-    """Why Helion rejects the entry's config for its kernel at its dims (None: it accepts it).
+    """Why the entry's config does not fit its kernel at its dims (None: it fits).
 
-    The check Helion runs before compiling a config (`ConfigSpec.normalize`: known keys,
-    list lengths, allowed values) against the kernel bound at the entry's dims, on the CPU
-    without a GPU. Device-only keys are left out (see `cpu_loweable`)."""
-    import helion
+    The check the runtime runs before it compiles a config (`mamba_tune.config_schema.
+    checked_config`: the kernel's list lengths and allowed values, then Helion's
+    `ConfigSpec.normalize`) against the kernel bound at the entry's dims, on the CPU without
+    a GPU. Device-only keys are left out (see `cpu_loweable`)."""
+    from mamba_tune.config_schema import checked_config
 
     config, _notes = cpu_loweable(entry.config)
     try:
-        config_spec(tk, entry.dims, entry.dtype).normalize(helion.Config.from_dict(config))
-    except Exception as e:  # InvalidConfig mostly; any error here means the runtime cannot use it
+        checked_config(config, config_spec(tk, entry.dims, entry.dtype))
+    except Exception as e:  # ConfigError mostly; any error here means the runtime cannot use it
         text = str(e).strip()
         return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
     return None

@@ -3,7 +3,8 @@
 A bundle holds the tuned Helion configs of one sweep on one GPU. The CLI writes it
 (`mamba-tune sweep`), reviews it (`diff`, `check`, `verify`) and the kernels load it at
 run time (`mamba_tune.runtime`). This module is the single definition of the format, so it
-depends on pydantic and the standard library only (no torch, no helion).
+depends on pydantic and the standard library only (no torch, no helion). A config's values
+are checked on every load (`mamba_tune.config_schema`): Helion turns some of them into code.
 
 Layout (keys sorted, two-space indent, lists of scalars on one line, so that a
 `git diff` of a bundle shows one block per changed entry):
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,10 +32,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
 
+from mamba_tune.config_schema import schema_problem
 from mamba_tune.vocab import DtypeName
 
 SCHEMA_VERSION = 1
@@ -153,6 +157,14 @@ class Entry(_Model):
     accuracy: Accuracy
     tuned_at: str
 
+    @field_validator("config")
+    @classmethod
+    def _safe_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        # Helion turns some config values into code: only checked data gets this far.
+        if (bad := schema_problem(config)) is not None:
+            raise ValueError(bad)
+        return config
+
     @property
     def key(self) -> str:
         return entry_key(self.kernel, self.dims, self.dtype)
@@ -260,8 +272,26 @@ def _non_finite(data: Any) -> tuple[str, float] | None:
     return None
 
 
-def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
-    """Parse and validate a bundle; raise BundleError with one line naming `source` and the field."""
+def _bad_configs(data: dict[str, Any], source: str) -> list[tuple[str, str]]:
+    """(entry key, one line naming `source`, the key and the config field) for each entry whose
+    config the schema refuses (`mamba_tune.config_schema`)."""
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        return []
+    bad = []
+    for key, entry in entries.items():
+        if isinstance(entry, dict) and "config" in entry and (why := schema_problem(entry["config"])) is not None:
+            bad.append((key, f"{source}: entries[{key!r}].config.{why}"))
+    return bad
+
+
+def parse_bundle(text: str, *, source: str = "<bundle>",
+                 skip_bad_config: Callable[[str], None] | None = None) -> Bundle:
+    """Parse and validate a bundle; raise BundleError with one line naming `source` and the field.
+
+    An entry whose config holds a value no Helion config may hold (`config_schema`) fails the
+    bundle, unless `skip_bad_config` is given (the run-time loader): then that entry is left
+    out and `skip_bad_config` gets its one line, and the bundle's other entries stay usable."""
     try:
         data = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
@@ -281,16 +311,23 @@ def parse_bundle(text: str, *, source: str = "<bundle>") -> Bundle:
         raise BundleError(
             f"{source}: schema_version {version!r} is not supported (this mamba-tune reads {SCHEMA_VERSION})"
         )
+    if bad := _bad_configs(data, source):
+        if skip_bad_config is None:
+            raise BundleError(bad[0][1] + (f" (+{len(bad) - 1} more entries)" if len(bad) > 1 else ""))
+        for key, line in bad:
+            skip_bad_config(line)
+            del data["entries"][key]
     try:
         return Bundle.model_validate(data)
     except ValidationError as e:
         raise BundleError(f"{source}: {_first_error(e)}") from None
 
 
-def load_bundle(path: str | os.PathLike[str]) -> Bundle:
+def load_bundle(path: str | os.PathLike[str], *, skip_bad_config: Callable[[str], None] | None = None) -> Bundle:
     """Read and validate a bundle. Every problem with the file (unreadable, not UTF-8, not
     JSON, too deep, invalid) is a BundleError with one line: the run-time loader warns and
-    skips on it, so nothing about a bundle file can raise into a training job."""
+    skips on it, so nothing about a bundle file can raise into a training job. With
+    `skip_bad_config`, an entry with a bad config is skipped instead (see parse_bundle)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -306,7 +343,7 @@ def load_bundle(path: str | os.PathLike[str]) -> Bundle:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise BundleError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
-    return parse_bundle(text, source=str(p))
+    return parse_bundle(text, source=str(p), skip_bad_config=skip_bad_config)
 
 
 def _dump(value: Any, indent: int) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from mamba_tune import vocab
+from mamba_tune.config_schema import checked_config
 from mamba_tune.sku import Gpu
 from mamba_tune.store import ENV_CONFIGS as ENV_CONFIGS
 from mamba_tune.store import NEAREST_MAX_RATIO as NEAREST_MAX_RATIO
@@ -321,7 +322,7 @@ def _compile(rk: RuntimeKernel, bound: Any, res: Resolution, dims: dict[str, int
     if res.config is not None:
         try:
             return bound.compile_config(_to_config(res.config, bound), allow_print=False), res
-        except Exception as e:  # InvalidConfig, or a config the code generator refuses
+        except Exception as e:  # ConfigError, InvalidConfig, or a config the code generator refuses
             text = str(e).strip()
             why = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
             _RT.warn_once(f"mamba-tune: Helion rejects the config for {res.key} ({res.source}): {why}; running the "
@@ -331,12 +332,9 @@ def _compile(rk: RuntimeKernel, bound: Any, res: Resolution, dims: dict[str, int
 
 
 def _to_config(config: dict[str, Any], bound: Any) -> Any:
-    """A bundle's config as Helion checks it for this bound kernel (InvalidConfig if it does not fit)."""
-    import helion
-
-    cfg = helion.Config.from_dict(config)
-    bound.config_spec.normalize(cfg)
-    return cfg
+    """A bundle's config checked against this bound kernel's config space (ConfigError or InvalidConfig if it
+    does not fit)."""
+    return checked_config(config, bound.config_spec)
 
 
 def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:

@@ -37,7 +37,8 @@ names its SKU and how to tune for it: another compute capability's configs are n
 used, since nothing on the run-time path can tell whether their tiles and stages fit this
 GPU's shared memory and registers (a config that does not fit fails at launch, inside
 the training step). Bundles for a kernel whose source has changed since are skipped with
-one warning.
+one warning, and so is an entry whose config holds a value no Helion config may hold
+(`mamba_tune.config_schema`, checked on load; the bundle's other entries stay usable).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class ConfigStore:
         siblings: list[tuple[Bundle, Path]] = []
         for path in find_bundles(self.paths):
             try:
-                bundle: Bundle = load_bundle(path)
+                bundle: Bundle = load_bundle(path, skip_bad_config=self._skip_entry)
             except BundleError as e:
                 self._warn(f"ignoring bundle: {e}")
                 continue
@@ -159,6 +160,9 @@ class ConfigStore:
                  sum(len(b.entries) for b, _ in own + siblings), sum(len(b.entries) for b, _ in siblings),
                  ", ".join(map(str, self.paths)))
         return self._tiers
+
+    def _skip_entry(self, line: str) -> None:
+        self._warn(f"ignoring bundle entry: {line}; its shape runs the kernel's default config")
 
     def no_bundle_warning(self) -> str | None:
         """The one warning for a GPU that no bundle was tuned for (none of its compute capability), else None."""

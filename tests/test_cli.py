@@ -324,22 +324,24 @@ def test_version_prints_the_package_version():
     assert r.stdout == f"mamba-tune {importlib.metadata.version('mamba-tune')}\n"
 def test_validate_lists_configs_helion_rejects(tmp_path):
     """Every config is checked against its kernel's config space at its dims, on the CPU:
-    an unknown key, a wrong length or an impossible value exits 1 naming the entry."""
+    a list of the wrong length for the kernel exits 1 naming the entry. (A value no config
+    may hold fails the bundle's load: tests/test_bundle_config_safety.py.)"""
     p = tmp_path / "b.json"
     dims = norm_dims(rows=64, d=64, group_size=32)
     good = entry(dims=dims)
-    bad = [entry(dims=norm_dims(rows=32, d=64, group_size=32), config={"block_sizes": [8, 1], "bogus_key": 1}),
+    bad = [entry(dims=norm_dims(rows=32, d=64, group_size=32),
+                 config={"block_sizes": [8, 1], "load_eviction_policies": ["first"] * 9}),
            entry("gated_norm_bwd", dims=dims, config={"block_sizes": [8, 1]}),
-           entry(dims=norm_dims(rows=16, d=64, group_size=32), config={"block_sizes": [8, 1], "pid_type": "nope"})]
+           entry(dims=norm_dims(rows=16, d=64, group_size=32), config={"block_sizes": [8, 1], "indexing": ["pointer"]})]
     write_bundle(bundle(good, *bad), p)
     r = run("validate", str(p))
     assert r.exit_code == 1, r.output
     assert "1/4 configs valid" in r.stdout
     lines = [line for line in r.stderr.splitlines() if "Helion rejects the config" in line]
     assert sorted(line.split(": ")[1] for line in lines) == sorted(e.key for e in bad), r.stderr
-    assert any("Invalid config keys ['bogus_key']" in line for line in lines)
+    assert any("load_eviction_policies: must be a list of 8 values for this kernel, got 9" in line for line in lines)
     assert any("expected 3 block sizes" in line for line in lines)
-    assert any("'pid_type': 'nope'" in line for line in lines)
+    assert any("indexing: must be a list of 11 values for this kernel, got 1" in line for line in lines)
     write_bundle(bundle(good), p)
     r = run("validate", str(p))
     assert r.exit_code == 0 and "1/1 configs valid" in r.stdout, r.output

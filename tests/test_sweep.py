@@ -249,7 +249,7 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
     spec = load_spec(small_spec(tmp_path))
     combos = [c for c in plan(spec) if c.kernel == "gated_norm_fwd"][:2]
     good, bad = (entry(c.kernel, c.dims, c.dtype) for c in combos)
-    bad = bad.model_copy(update={"config": {**bad.config, "bogus_key": 1}})
+    bad = bad.model_copy(update={"config": {**bad.config, "block_sizes": [8, 1, 1]}})
     path = tmp_path / "h200" / "tiny.json"
     write_bundle(bundle(good, bad), path)
     out = io.StringIO()
@@ -258,7 +258,7 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
     resumed, stale = sweep._existing(path, H200, VERSIONS)
     assert resumed is not None and set(resumed.entries) == {good.key, bad.key}
     assert stale == {bad.key}
-    assert f"{bad.key}: Helion rejects its config (InvalidConfig: Invalid config keys ['bogus_key']); re-tuning it" \
+    assert f"{bad.key}: Helion rejects its config (InvalidConfig: Too many values for config['block_sizes']" \
         in out.getvalue()
 
 

@@ -48,17 +48,17 @@ def test_only_same_kernel_dtype_and_structure():
         entry(dims=norm_dims(rows=8192, has_z=0), config=cfg(1)),  # another structure
         entry(dims=norm_dims(rows=8192), dtype="fp16", config=cfg(2)),  # another dtype
         entry(kernel="gated_norm_bwd", dims=norm_dims(rows=8192),
-              config={"block_sizes": [3, 1, 1], "num_warps": 4, "num_stages": 1}),  # another kernel
-        entry(dims=norm_dims(rows=1 << 20), config=cfg(5)),  # far, but the only candidate: still a seed
+              config={"block_sizes": [32, 1, 1], "num_warps": 4, "num_stages": 1}),  # another kernel
+        entry(dims=norm_dims(rows=1 << 20), config=cfg(64)),  # far, but the only candidate: still a seed
     )
-    assert warm_configs(SIZE_DIMS, "gated_norm_fwd", want, "bf16", [b]) == [cfg(5)]
+    assert warm_configs(SIZE_DIMS, "gated_norm_fwd", want, "bf16", [b]) == [cfg(64)]
     assert warm_configs(SIZE_DIMS, "gated_norm_fwd", want, "bf16", []) == []
 
 
 def test_duplicates_count_once_and_the_first_bundle_wins_the_key():
     want = norm_dims(rows=8192)
     writing = bundle(entry(dims=want, config=cfg(8)), entry(dims=norm_dims(rows=16384), config=cfg(8)))
-    other = bundle(entry(dims=want, config=cfg(9)), entry(dims=norm_dims(rows=4096), config=cfg(4)))
+    other = bundle(entry(dims=want, config=cfg(512)), entry(dims=norm_dims(rows=4096), config=cfg(4)))
     assert warm_configs(SIZE_DIMS, "gated_norm_fwd", want, "bf16", [writing, other]) == [cfg(8), cfg(4)]
 
 
@@ -122,11 +122,11 @@ def test_the_norm_starts_from_the_other_weight_dtypes_config_after_its_own_struc
     b = bundle(
         entry(kernel=tk.name, dims=norm_dims(rows=8192, weight_fp32=1), config=cfg(1)),  # same size, fp32 weight
         entry(kernel=tk.name, dims=norm_dims(rows=4096, weight_fp32=0), config=cfg(2)),  # log 2, bf16 weight
-        entry(kernel=tk.name, dims=norm_dims(rows=16384, weight_fp32=1), config=cfg(3)),  # log 2, fp32 weight
+        entry(kernel=tk.name, dims=norm_dims(rows=16384, weight_fp32=1), config=cfg(16)),  # log 2, fp32 weight
         entry(kernel=tk.name, dims=norm_dims(rows=8192, weight_fp32=1, has_z=0), config=cfg(4)),  # has_z differs
     )
     got = warm_configs(tk.size_dims, tk.name, want, "bf16", [b], across=tk.seed_across, limit=5)
-    assert got == [cfg(1), cfg(2), cfg(3)]
+    assert got == [cfg(1), cfg(2), cfg(16)]
     assert warm_configs(tk.size_dims, tk.name, want, "bf16", [b], limit=5) == [cfg(2)]  # without across
 
 

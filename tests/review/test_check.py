@@ -175,14 +175,14 @@ def test_entry_with_a_config_helion_rejects_is_stale(tmp_path: Path, combos: lis
                                                      hashes: dict[str, str]) -> None:
     entries = entries_for(combos)
     bad = next(e for e in entries if e.kernel == "gated_norm_fwd")
-    entries = [e.model_copy(update={"config": {**e.config, "bogus_key": 1}}) if e is bad else e for e in entries]
+    entries = [e.model_copy(update={"config": {**e.config, "block_sizes": [8, 1, 1]}}) if e is bad else e for e in entries]
     fx.write(fx.bundle(entries, kernels=hashes), tmp_path / "h200" / "tiny.json")
     code, data = run_check(tmp_path)
     assert code == 1
     assert data["counts"] == {"ok": 7, "missing": 0, "stale": 1, "sibling": 0}
     (stale,) = [c for c in data["combos"] if c["status"] == "stale"]
     assert stale["key"] == bad.key
-    assert "Helion rejects its config: InvalidConfig: Invalid config keys ['bogus_key']" in stale["reasons"][0]
+    assert "Helion rejects its config: InvalidConfig: Too many values for config['block_sizes']" in stale["reasons"][0]
 
 
 def test_sibling_sku_entries_are_not_coverage(tmp_path: Path, combos: list[Combo], hashes: dict[str, str]) -> None:

@@ -106,7 +106,8 @@ def test_verify_on_gpu(tmp_path: Path) -> None:
 
     fwd, bwd = (o.entry for o in outcomes)
     assert fwd is not None and bwd is not None
-    broken = fwd.model_copy(update={"config": fwd.config | {"num_warps": 3}})  # not a power of two
+    # One block size more than the kernel tiles (a value no config may hold fails the load instead).
+    broken = fwd.model_copy(update={"config": fwd.config | {"block_sizes": [*fwd.config["block_sizes"], 16]}})
     fast = bwd.model_copy(update={"timing": bwd.timing.model_copy(update={"tuned_ms": bwd.timing.tuned_ms / 100})})
     write_bundle(good.model_copy(update={"entries": {broken.key: broken, fast.key: fast}}), path)
     res = runner.invoke(app, ["verify", str(path), "--json-out", str(tmp_path / "v.json")])
