@@ -44,38 +44,52 @@ def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: 
     """Compile the config's Triton kernel down to a cubin for a CUDA GPU of this compute
     capability (90: the H200), on a CPU: Triton's whole compiler (TTIR, TTGIR, LLVM, PTX, ptxas),
     further than `triton_source`. The host code runs on `args` (CPU tensors, their data unread)
-    up to its launch, which is caught: the kernel, its arguments, warps and stages. Pointers
-    aligned to 16 bytes and ints divisible by 16 are specialized as a launch on the GPU does, so
-    the software pipeline the compiler builds is the one the GPU gets; a persistent kernel's host
-    code sizes its grid by `num_sms` (the H200's 132). Returns Triton's compiled kernel
-    (`.asm["ptx"]`, `.metadata.shared`); raises the compiler's error."""
+    up to its launch, where `cubin_launcher` compiles instead of launching; a persistent
+    kernel's host code sizes its grid by `num_sms` (the H200's 132). Returns Triton's compiled
+    kernel (`.asm["ptx"]`, `.metadata.shared`); raises the compiler's error."""
     import helion.runtime
+
+    compiled: list[Any] = []
+    host = bound.compile_config(config, allow_print=False)
+    get_num_sm = helion.runtime.get_num_sm
+    helion.runtime.get_num_sm = lambda device, *a, **k: num_sms if device.type == "cpu" else get_num_sm(device, *a, **k)
+    try:
+        host(*args, _launcher=cubin_launcher(capability, compiled))
+    finally:
+        helion.runtime.get_num_sm = get_num_sm
+    if not compiled:
+        raise RuntimeError(f"{bound.kernel.name}: the host code launched no kernel")
+    return compiled[0]
+
+
+def cubin_launcher(capability: int = 90, compiled: list[Any] | None = None) -> Any:
+    """A Helion `_launcher` (the keyword a compiled host function takes) that compiles each
+    launched Triton kernel to a cubin for this compute capability instead of running it, as a
+    GPU's first launch does: the compiler's error raises from the host call, and each compiled
+    kernel is appended to `compiled`. Pointers aligned to 16 bytes and ints divisible by 16 are
+    specialized as a launch on the GPU does, so the software pipeline the compiler builds is
+    the one the GPU gets."""
+
+    def launch(kernel: Any, grid: Any, *kargs: Any, num_warps: int, num_stages: int, **_kw: Any) -> None:
+        done = _compile_launch(kernel, kargs, num_warps, num_stages, capability)
+        if compiled is not None:
+            compiled.append(done)
+
+    return launch
+
+
+def _compile_launch(kernel: Any, kargs: tuple[Any, ...], num_warps: int, num_stages: int, capability: int) -> Any:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    launch: dict[str, Any] = {}
-
-    def catch(kernel: Any, grid: Any, *kargs: Any, num_warps: int, num_stages: int, **_kw: Any) -> None:
-        launch.update(kernel=kernel, args=kargs, num_warps=num_warps, num_stages=num_stages)
-
-    host = bound.compile_config(config, allow_print=False)
-    get_num_sm = helion.runtime.get_num_sm
-    helion.runtime.get_num_sm = lambda device, *a, **k: num_sms if device.type == "cpu" else get_num_sm(device, *a, **k)
-    try:
-        host(*args, _launcher=catch)
-    finally:
-        helion.runtime.get_num_sm = get_num_sm
-    if not launch:
-        raise RuntimeError(f"{bound.kernel.name}: the host code launched no kernel")
-    kernel = launch["kernel"]
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
              torch.int64: "i64", torch.bool: "i1", torch.int8: "i8", torch.uint8: "u8"}
     signature: dict[str, str] = {}
     constexprs: dict[str, Any] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, (name, param, a) in enumerate(zip(kernel.arg_names, kernel.params, launch["args"], strict=True)):
+    for i, (name, param, a) in enumerate(zip(kernel.arg_names, kernel.params, kargs, strict=True)):
         if param.is_constexpr:
             constexprs[name] = a
             continue
@@ -90,12 +104,12 @@ def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: 
         elif isinstance(a, float):
             signature[name], aligned = "fp32", False
         else:
-            raise TypeError(f"{bound.kernel.name}: launch argument {name} of type {type(a).__name__}")
+            raise TypeError(f"{kernel.fn.__name__}: launch argument {name} of type {type(a).__name__}")
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]})
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def ptxas_usage(compiled: Any, capability: int = 90) -> dict[str, int]:

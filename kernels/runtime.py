@@ -4,8 +4,12 @@ For each (kernel, shape) the first call resolves a config, compiles it once with
 `BoundKernel.compile_config` and caches the compiled callable; later calls with the
 same shapes, strides and dtypes only pay a dict lookup. Which config a key gets (the
 lookup modes, the GPU SKU's bundles before its siblings', the nearest rule, a GPU with no
-bundle) is `mamba_tune.store`'s to say (docs/bundles.md). Autotuning is impossible on this
-path: every runtime kernel is declared with ``autotuner_fn=refuse_autotune``.
+bundle) is `mamba_tune.store`'s to say (docs/bundles.md). A bundle's config that the
+kernel's config space does not allow (`mamba_tune.config_schema.checked_config`), or that
+fails to compile or launch at its first call, gives one warning naming the entry and its
+bundle, and that key runs the kernel's default config from then on: a bad config never
+stops a training call. Autotuning is impossible on this path: every runtime kernel is
+declared with ``autotuner_fn=refuse_autotune``.
 
 Each kernel file declares its `RuntimeKernel` next to its code: the name, the bundle key
 dims read from the call's arguments and the default config. There is no list of all
@@ -311,6 +315,8 @@ def _prepare(rk: RuntimeKernel, args: Sequence[Any], sig: tuple[Any, ...]) -> Ca
         bound = rk.kernel.bind(tuple(args))
         fn, res = _compile(rk, bound, res, dims, _dtype_of(args, rk.dtype_arg))
         _RT.resolutions[(rk.name, sig)] = res
+        if res.config is not None:
+            fn = _first_launch_guard(rk, bound, res, dims, _dtype_of(args, rk.dtype_arg), (rk.name, sig), fn)
     _RT.compiled[(rk.name, sig)] = fn
     return fn
 
@@ -335,6 +341,40 @@ def _to_config(config: dict[str, Any], bound: Any) -> Any:
     """A bundle's config checked against this bound kernel's config space (ConfigError or InvalidConfig if it
     does not fit)."""
     return checked_config(config, bound.config_spec)
+
+
+def _first_launch_guard(rk: RuntimeKernel, bound: Any, res: Resolution, dims: dict[str, int], dtype: str,
+                        k: tuple[Any, ...], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a bundle config compiled by Helion) for its first call: Triton compiles it at its
+    first launch, so a config that Triton refuses (or that cannot launch) fails there, not in
+    `_compile`. Then one warning names the entry and its bundle, and the default config
+    runs this call and, in the cache, every later one. After a first call that works, the
+    cache holds `fn` itself: the hot path stays as it was, without a check or a sync."""
+
+    def first_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise  # the inputs' or outputs' memory, not the config: another call may fit
+        except Exception as e:
+            text = str(e).strip()
+            why = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+            _RT.warn_once(f"mamba-tune: the config for {res.key} ({res.source}) failed to compile or launch: "
+                          f"{why}; running the kernel's default config. Re-tune it with: "
+                          f"{tune_command(rk, dims, dtype)}")
+            default = bound.compile_config(rk.default_for(bound, dims), allow_print=False)
+            with _RT.lock:
+                if _RT.compiled.get(k) is first_call:  # not dropped by configure() meanwhile
+                    _RT.compiled[k] = default
+                    _RT.resolutions[k] = Resolution(None, f"default (config failed to compile: {res.source})",
+                                                    res.key)
+            return default(*args, **kwargs)
+        with _RT.lock:
+            if _RT.compiled.get(k) is first_call:
+                _RT.compiled[k] = fn
+        return out
+
+    return first_call
 
 
 def lookup(rk: RuntimeKernel, args: Sequence[Any]) -> Callable[..., Any]:

@@ -6,6 +6,8 @@ stops a training call (one warning, the kernel's default config from then on).""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,61 @@ def test_the_keys_the_shipped_bundles_use_are_all_known():
     used = {k for p in find_bundles([ROOT / "generated_configs"]) for e in load_bundle(p).entries.values()
             for k in e.config}
     assert used and used <= set(RULES), used - set(RULES)
+
+
+# Compiled mode, as on the GPU, with the launch replaced by a compile of the launched Triton
+# kernel to an sm_90 cubin (lowering.cubin_launcher): Triton's whole compiler runs where a GPU's
+# first launch runs it. The runtime's device check is lifted (the CPU cannot launch); all else is
+# the runtime's own path: the bundle's entry resolved, checked against the kernel's config
+# space, compiled by Helion, launched.
+COMPILE_FAILS = """
+import sys, warnings
+import torch
+from autotune_cli.lowering import cubin_launcher
+from mamba_tune import runtime
+from mamba_tune.norm.gated import GATED_NORM_FWD
+
+x = torch.empty(4096, 1, 512, dtype=torch.bfloat16)  # rows=4096, one group of 512
+w = torch.ones(1, 512)
+args = (x, x, w, None, 1e-6, False, True)
+runtime._check_device = lambda rk, args: None
+compiled = []
+launch = cubin_launcher(90, compiled)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        out = runtime.lookup(GATED_NORM_FWD, args)(*args, _launcher=launch)
+        assert out[0].shape == x.shape
+for w_ in caught:
+    if issubclass(w_.category, runtime.MambaTuneWarning):
+        print("W", w_.message)
+for source in runtime.resolutions().values():
+    print("R", source)
+# What the default config launches, compiled the same way, against what the three calls ran.
+bound = GATED_NORM_FWD.kernel.bind(args)
+dims = GATED_NORM_FWD.dims_from_args(args)
+default = []
+bound.compile_config(GATED_NORM_FWD.default_for(bound, dims), allow_print=False)(*args, _launcher=cubin_launcher(90, default))
+print("RAN", [c.asm["ptx"] == default[0].asm["ptx"] for c in compiled])
+"""
+
+
+def test_a_bundle_config_that_cannot_compile_warns_once_and_runs_the_default(tmp_path, clean_env):
+    """block_sizes [4096, 1] at 4096 rows of 512: the schema and the kernel's config space allow
+    it, Helion generates its code, and Triton refuses it at the first launch (a tile of 2M
+    values, over its largest tensor). The call still returns, from the default config; the
+    warning names the entry and the bundle once; later calls run the default, never retrying."""
+    dims = norm_dims(rows=4096, d=512, group_size=512)
+    write_bundle(bundle(entry(dims=dims, config={"block_sizes": [4096, 1], "num_warps": 4})), tmp_path / "big.json")
+    r = subprocess.run([sys.executable, "-c", COMPILE_FAILS], env={**clean_env, runtime.ENV_CONFIGS: str(tmp_path)},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    warned = [ln for ln in r.stdout.splitlines() if ln.startswith("W ")]
+    assert len(warned) == 1, r.stdout
+    key = entry(dims=dims).key
+    assert f"the config for {key} (exact {tmp_path / 'big.json'}) failed to compile or launch" in warned[0]
+    assert "running the kernel's default config" in warned[0] and "mamba-tune tune gated_norm_fwd" in warned[0]
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("R ")] == [
+        f"R default (config failed to compile: exact {tmp_path / 'big.json'})"]
+    # The failed config never compiled; each of the three calls launched the default's kernel.
+    assert r.stdout.splitlines()[-1] == "RAN [True, True, True]", r.stdout
