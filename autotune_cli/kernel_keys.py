@@ -248,8 +248,8 @@ CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx",
 CONV1D_BWD_DIMS = CONV1D_FWD_DIMS
 CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                       "channel_last")
-# The backward in one kernel (mamba_tune.conv1d.causal_conv1d.bwd_path: `causal_conv1d_bwd_fused` or
-# `causal_conv1d_bwd_slide`, the same call): what both read and write.
+# The backward in one kernel (mamba_tune.conv1d.causal_conv1d.bwd_path: `causal_conv1d_bwd_slide`):
+# what both read and write.
 CONV1D_BWD_FUSED_DIMS = (*CONV1D_FWD_DIMS, "has_dinitial_states", "has_dfinal")
 CONV1D_UPDATE_DIMS = ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens",
                       "has_state_indices")
@@ -319,8 +319,6 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
     KernelKey("causal_conv1d_bwd_dx", "conv1d", CONV1D_BWD_DX_DIMS, conv1d_bwd_dx_dims,
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_dx_kernel"),
-    KernelKey("causal_conv1d_bwd_fused", "conv1d", CONV1D_BWD_FUSED_DIMS, conv1d_bwd_fused_dims,
-              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_fused_kernel"),
     KernelKey("causal_conv1d_bwd_slide", "conv1d", CONV1D_BWD_FUSED_DIMS, conv1d_bwd_fused_dims,
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_slide_kernel"),
     KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,

@@ -11,9 +11,8 @@ The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32
 dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
 first one's baseline is the package's whole backward (dx included: the sum of both
 kernels' times is what compares with it); the second has none (no library runs that
-stencil alone). `causal_conv1d_bwd_fused` and `causal_conv1d_bwd_slide` are the backward in one
-kernel each (dx, dweight, dbias, dinitial_states: the same call), with the package's whole backward
-as their baseline.
+stencil alone). `causal_conv1d_bwd_slide` is the backward in one kernel (dx, dweight, dbias,
+dinitial_states), with the package's whole backward as its baseline.
 """
 
 from __future__ import annotations
@@ -428,15 +427,6 @@ def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
-def _bwd_fused_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    # The first kernel's tiles and chunks (the same block sizes; more held at once: 2 width - 1
-    # taps of x).
-    tiles = [(bd, max(1, bl // 2), w) for bd, bl, w in _tiles(dims)]
-    return _unique([conv.CAUSAL_CONV1D_BWD_FUSED.default_config(dims)]
-                   + [conv.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
-                      in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
-
-
 def _bwd_slide_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # One row of channels per step: 128-512 channels (256 B-1 KB of bf16), 128-1024 positions per
     # program (the halo's 2 (width - 1) extra steps against the programs' count), the step loop
@@ -486,17 +476,6 @@ CAUSAL_CONV1D_BWD_DX = TunableKernel(
     description="causal depthwise conv1d backward, second kernel: dx, dinitial_states from dpre",
 )
 
-CAUSAL_CONV1D_BWD_FUSED = TunableKernel(
-    runtime=conv.CAUSAL_CONV1D_BWD_FUSED,
-    dims_for=_bwd_fused_dims_for,
-    make_problem=_make_bwd_fused_problem,
-    make_baseline=_baseline_bwd,
-    seed_configs=_bwd_fused_seeds,
-    description="causal depthwise conv1d backward in one kernel: dx, dweight, dbias, dinitial_states, the "
-                "pre-activation recomputed at each of dx's taps (causal-conv1d causal_conv1d_bwd; run with "
-                "MAMBA_TUNE_CONV1D_BWD=fused)",
-)
-
 CAUSAL_CONV1D_BWD_SLIDE = TunableKernel(
     runtime=conv.CAUSAL_CONV1D_BWD_SLIDE,
     dims_for=_bwd_fused_dims_for,
@@ -517,5 +496,4 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_FUSED, CAUSAL_CONV1D_BWD_SLIDE,
-           CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_SLIDE, CAUSAL_CONV1D_UPDATE)

@@ -27,13 +27,7 @@ that it reduces once at the end - which the kernel's host code sums in a fixed o
 stencil over dpre: dx[t] = sum_j weight[width - 1 - j] * dpre[t + j] over the t + j of
 t's sequence, plus the final states' gradient; with dinitial_states its positions start
 width - 1 before the sequence, and those positions' "dx" is dinitial_states.
-`causal_conv1d_bwd_fused` is the backward in one kernel, without the dpre buffer: each
-program recomputes dpre at the width positions t .. t + width - 1 that dx[t] reads, from the
-2 width - 1 shifted loads of x those need (the same fp32 operations in the same order: its
-dx is the two kernels' bit for bit), and sums dweight and dbias as the first kernel does.
-It moves x, dout and dx once; it runs with MAMBA_TUNE_CONV1D_BWD=fused (`bwd_path`) and
-where dx does not share dout's memory (its programs read dout past their own positions).
-`causal_conv1d_bwd_slide` moves the same bytes without the recompute: each program steps through
+`causal_conv1d_bwd_slide` is the backward in one kernel, without the dpre buffer: each program steps through
 its chunk of positions one row of channels at a time, keeping the last width - 1 rows of x and of
 dpre in registers, so each position's pre-activation and dpre are computed once (channel-last rows
 only; MAMBA_TUNE_CONV1D_BWD=slide).
@@ -240,130 +234,6 @@ def causal_conv1d_bwd_dx_kernel(
             hl.store(dinitial_states, [b, tile_d, t + (width - 1)], acc.to(dinitial_states.dtype),
                      extra_mask=(t < 0)[None, :])
     return dx
-
-
-@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
-               ignore_warnings=[helion.exc.TensorOperationInWrapper])
-def causal_conv1d_bwd_fused_kernel(
-    x: torch.Tensor,  # (batch, dim, seqlen), contiguous or channel-last
-    weight: torch.Tensor,  # (dim, width)
-    bias: torch.Tensor | None,  # (dim,)
-    dout: torch.Tensor,  # like x (not dx's memory: programs read it past their own positions)
-    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
-    initial_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dfinal_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dx: torch.Tensor,  # (batch, dim, seqlen), written
-    dinitial_states: torch.Tensor | None,  # (batch, dim, width - 1), written
-    width: hl.constexpr,
-    silu: hl.constexpr,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, dim, seqlen = x.shape
-    # Positions -off .. -1 are the initial states' (only when their gradient is wanted), as in
-    # causal_conv1d_bwd_dx; dweight and dbias sum over positions 0 .. seqlen - 1 only.
-    off = (width - 1) if dinitial_states is not None else 0
-    chunk = hl.register_block_size(seqlen + off)
-    block_l = hl.register_block_size(seqlen + off)
-    nchunk = (seqlen + off + chunk - 1) // chunk
-    dw_part = torch.empty([width, batch, nchunk, dim], dtype=torch.float32, device=x.device)
-    db_part = torch.empty([batch, nchunk, dim], dtype=torch.float32, device=x.device)
-    for tile_b, tile_d, tile_c in hl.tile([batch, dim, seqlen + off], block_size=[1, None, chunk]):
-        b = tile_b.begin
-        w0 = weight[tile_d, 0].to(torch.float32)[:, None]
-        w1 = weight[tile_d, 1].to(torch.float32)[:, None]
-        w2 = weight[tile_d, min(2, width - 1)].to(torch.float32)[:, None]
-        w3 = weight[tile_d, min(3, width - 1)].to(torch.float32)[:, None]
-        bv = hl.zeros([tile_d], dtype=torch.float32)[:, None]
-        if bias is not None:
-            bv = bias[tile_d].to(torch.float32)[:, None]
-        acc0 = hl.zeros([tile_d, block_l], dtype=torch.float32)
-        acc1 = hl.zeros([tile_d, block_l], dtype=torch.float32)
-        acc2 = hl.zeros([tile_d, block_l], dtype=torch.float32)
-        acc3 = hl.zeros([tile_d, block_l], dtype=torch.float32)
-        accb = hl.zeros([tile_d, block_l], dtype=torch.float32)
-        for tile_l in hl.tile(tile_c.begin, tile_c.end, block_size=block_l):
-            u = tile_l.begin + hl.arange(block_l)
-            ok = u < tile_c.end
-            t = u - off
-            ws = [w0, w1, w2, w3]
-            # x (or the initial states) at t + i - (width - 1), i = 0 .. 2 (width - 1): every tap
-            # of pre at t .. t + width - 1, loaded once (shifted loads: L1/L2 hits); with their
-            # sequences. (Lists that Helion unrolls; the entries past 2 width - 1 are never read.)
-            zero = hl.zeros([tile_d, block_l], dtype=torch.float32)
-            xs = [zero, zero, zero, zero, zero, zero, zero]
-            if seq_idx is not None:
-                s_t = hl.load(seq_idx, [b, t], extra_mask=ok & (t >= 0))
-                ss = [s_t, s_t, s_t, s_t, s_t, s_t, s_t]
-            for i in hl.static_range(2 * width - 1):
-                p = t + (i - (width - 1))
-                inb = ok & (p >= 0) & (p < seqlen)
-                xv = hl.load(x, [b, tile_d, p], extra_mask=inb[None, :]).to(torch.float32)
-                if initial_states is not None:
-                    xv = xv + hl.load(initial_states, [b, tile_d, p + (width - 1)],
-                                      extra_mask=(ok & (p < 0) & (p >= -(width - 1)))[None, :]).to(torch.float32)
-                xs[i] = xv
-                if seq_idx is not None:
-                    ss[i] = hl.load(seq_idx, [b, p], extra_mask=inb)
-            # dx[t] = sum_j weight[width - 1 - j] * dpre[t + j] over the t + j of t's sequence, with
-            # dpre = dout * silu'(pre) recomputed at each t + j (as causal_conv1d_bwd computes it).
-            acc = hl.zeros([tile_d, block_l], dtype=torch.float32)
-            for j in hl.static_range(width):
-                q = t + j
-                okq = ok & (q >= 0) & (q < seqlen)
-                if seq_idx is not None:
-                    s_q = ss[j + width - 1]
-                    okq = okq & (s_q >= 0)
-                g = hl.load(dout, [b, tile_d, q], extra_mask=okq[None, :]).to(torch.float32)
-                pre = bv + hl.zeros([tile_d, block_l], dtype=torch.float32)
-                for k in hl.static_range(width):
-                    xv = xs[j + k]
-                    if seq_idx is not None:
-                        xv = torch.where((ss[j + k] == s_q)[None, :], xv, 0.0)
-                    pre = pre + ws[k] * xv
-                if silu:
-                    sg = torch.sigmoid(pre)
-                    g = g * sg * (1.0 + pre * (1.0 - sg))
-                if j == 0:
-                    # dweight's and dbias's terms at t (g is 0 where t is not a position of x).
-                    for k in hl.static_range(width):
-                        xv = xs[k]
-                        if seq_idx is not None:
-                            xv = torch.where((ss[k] == s_t)[None, :], xv, 0.0)
-                        if k == 0:
-                            acc0 = acc0 + g * xv
-                        if k == 1:
-                            acc1 = acc1 + g * xv
-                        if k == 2:
-                            acc2 = acc2 + g * xv
-                        if k == 3:
-                            acc3 = acc3 + g * xv
-                    if bias is not None:
-                        accb = accb + g
-                c = ws[width - 1 - j] * g
-                if seq_idx is not None:
-                    c = torch.where((s_q == s_t)[None, :], c, 0.0)
-                acc = acc + c
-            if dfinal_states is not None:
-                # final_states[f] is position seqlen - (width - 1) + f of cat(initial_states, x).
-                f = t - (seqlen - (width - 1))
-                acc = acc + hl.load(dfinal_states, [b, tile_d, f],
-                                    extra_mask=(ok & (f >= 0) & (t < seqlen))[None, :]).to(torch.float32)
-            hl.store(dx, [b, tile_d, t], acc.to(dx.dtype), extra_mask=(ok & (t >= 0))[None, :])
-            if dinitial_states is not None:
-                hl.store(dinitial_states, [b, tile_d, t + (width - 1)], acc.to(dinitial_states.dtype),
-                         extra_mask=(ok & (t < 0))[None, :])
-        dw_part[0, b, tile_c.id, tile_d] = torch.sum(acc0, dim=1)
-        dw_part[1, b, tile_c.id, tile_d] = torch.sum(acc1, dim=1)
-        if width > 2:
-            dw_part[2, b, tile_c.id, tile_d] = torch.sum(acc2, dim=1)
-        if width > 3:
-            dw_part[3, b, tile_c.id, tile_d] = torch.sum(acc3, dim=1)
-        if bias is not None:
-            db_part[b, tile_c.id, tile_d] = torch.sum(accb, dim=1)
-    dw = dw_part.sum(dim=(1, 2))
-    db = torch.zeros([dim], dtype=torch.float32, device=x.device)  # without a bias (Helion cannot return None here)
-    if bias is not None:
-        db = db_part.sum(dim=(0, 1))
-    return dx, dw, db
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -587,24 +457,20 @@ def conv1d_forward(
     return out
 
 
-# The backward in one kernel (`causal_conv1d_bwd_fused`: dpre recomputed at each tap of dx, no
-# fp32 buffer; or `causal_conv1d_bwd_slide`: one position's row per step, the taps kept from the
-# steps before, channel-last only) or in two (`causal_conv1d_bwd` then `causal_conv1d_bwd_dx`); this
-# variable ("fused", "slide" or "split") overrides `bwd_path`.
+# The backward in one kernel (`causal_conv1d_bwd_slide`: one position's row per step, the taps kept
+# from the steps before, channel-last only) or in two (`causal_conv1d_bwd` then
+# `causal_conv1d_bwd_dx`); this variable ("slide" or "split") overrides `bwd_path`.
 BWD_PATH = "MAMBA_TUNE_CONV1D_BWD"
 
 
 def bwd_path() -> str:
-    """Which backward runs: "split" (the two kernels: the default), "fused" or "slide" (one
-    kernel each; where they cannot run, the two). Neither one-kernel form is the default: the
-    fused one moves about 0.6 GB at Nemotron-3 Nano TP1 against the two kernels' 1.4 GB (x and
-    dout read, dx written, against that plus dpre's fp32 round trip) for width times the
-    pre-activation's arithmetic, and was slower on the H200 (0.563 ms against the two's 0.487);
-    the slide form moves the same 0.6 GB with the pre-activation computed once per
-    position, and has not been timed on a GPU yet."""
+    """Which backward runs: "split" (the two kernels: the default) or "slide" (one kernel; where it
+    cannot run, the two). The slide form moves about 0.6 GB at Nemotron-3 Nano TP1 against the two
+    kernels' 1.4 GB (x and dout read, dx written, against that plus dpre's fp32 round trip), with
+    the pre-activation computed once per position, and has not been timed on a GPU yet."""
     path = os.environ.get(BWD_PATH, "")
-    if path not in ("", "fused", "slide", "split"):
-        raise ValueError(f"{BWD_PATH}={path!r}: expected 'fused', 'slide', 'split' or unset (split)")
+    if path not in ("", "slide", "split"):
+        raise ValueError(f"{BWD_PATH}={path!r}: expected 'slide', 'split' or unset (split)")
     return path or "split"
 
 
@@ -630,6 +496,9 @@ def conv1d_backward(
     batch * dim * seqlen * 4 bytes while the call runs) with dweight and dbias,
     `causal_conv1d_bwd_dx` reads it for dx and dinitial_states. Returns (dx, dweight like weight, dbias like bias or
     None, dinitial_states like initial_states when return_dinitial_states, else None).
+
+    The two kernels won over one without the dpre buffer (dpre recomputed at each of dx's
+    width taps): on the H200 at Nemotron-3 Nano TP1 (bf16) the one took 0.563 ms, the two 0.487 ms.
     """
     batch, dim, seqlen, width = _check(x, weight, bias, seq_idx, initial_states, None)
     if tuple(dout.shape) != tuple(x.shape):
@@ -660,12 +529,11 @@ def conv1d_backward(
     # stride (channel-last x, dout and dx) or it would read a cache line per channel.
     if path == "slide" and not (channel_last(x) and channel_last(dout) and channel_last(dx)):
         path = "split"
-    if path != "split" and dx.untyped_storage().data_ptr() != dout.untyped_storage().data_ptr():
+    if path == "slide" and dx.untyped_storage().data_ptr() != dout.untyped_storage().data_ptr():
         # One kernel, no dpre buffer (dx may not share dout's memory: programs read dout past
         # their own positions while others write dx there).
-        one = CAUSAL_CONV1D_BWD_SLIDE if path == "slide" else CAUSAL_CONV1D_BWD_FUSED
-        dx, dw, db = runtime.run(one, (x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dinit,
-                                       int(width), bool(silu)))
+        dx, dw, db = runtime.run(CAUSAL_CONV1D_BWD_SLIDE, (x, weight, bias, dout, seq_idx, initial_states,
+                                                           dfinal_states, dx, dinit, int(width), bool(silu)))
         return dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype), dinit
     # dpre = dout * silu'(pre), fp32 in x's layout: written by the first kernel (with
     # dweight and dbias), read by the second (dx); freed on return.
@@ -751,7 +619,7 @@ FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_i
 BWD_DIMS = FWD_DIMS
 BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                "channel_last")
-# The one-kernel backward reads what both do, and writes dx and dinitial_states.
+# The one-kernel backward (slide) reads what both do, and writes dx and dinitial_states.
 BWD_FUSED_DIMS = (*FWD_DIMS, "has_dinitial_states", "has_dfinal")
 # Dims the runtime's nearest rule may vary: a config tuned at one model's xBC width and
 # sequence length serves neighbouring ones (each within 4x); width, the flags and the
@@ -854,16 +722,6 @@ CAUSAL_CONV1D_BWD = runtime.RuntimeKernel(
     dims=BWD_DIMS,
     size_dims=SIZE_DIMS,
     dims_from_args=_bwd_dims_from_args,
-    default_config=_bwd_default,
-)
-
-CAUSAL_CONV1D_BWD_FUSED = runtime.RuntimeKernel(
-    name="causal_conv1d_bwd_fused",
-    family="conv1d",
-    kernel=causal_conv1d_bwd_fused_kernel,
-    dims=BWD_FUSED_DIMS,
-    size_dims=SIZE_DIMS,
-    dims_from_args=_bwd_fused_dims_from_args,
     default_config=_bwd_default,
 )
 

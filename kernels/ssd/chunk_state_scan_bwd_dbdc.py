@@ -36,9 +36,8 @@ adds the partials with torch too): with torch (a sum and a cast for each), or wi
 `runs_sum_kernel` (both in one launch, the runs added in order and rounded once; `sum_path`).
 With one run (Nemotron's 8-head groups) the program writes dB and dC in the inputs' dtype as before.
 
-dC and dB are two branches of the program: one program runs both in turn (`sides` 1), or the
-grid doubles and each program runs one (2: the default, faster at every shape measured). The branches' sums are the same either way, so are the outputs, bitwise; with one fp32
-accumulator live at a time instead of two, 4 warps beat 8 (the default).
+dC and dB are two branches of the program, and the grid runs one program for each (`SIDES`):
+with one fp32 accumulator live at a time instead of two, 4 warps beat 8 (the default).
 
 Order: Helion kernels -> host launcher -> runtime declarations (their tuning records:
 `autotune_cli/tuning/ssd/`).
@@ -237,37 +236,19 @@ def runs_sum_kernel(
 TARGET_PROGRAMS = 512
 
 
-# A positive integer here overrides the rule's run count (capped at the heads per group), to time
-# the whole step at other splits (experiments/ssd_bwd_paths/dbdc_head_splits.py times the kernel alone).
-SPLITS_VAR = "MAMBA_TUNE_SSD_DBDC_SPLITS"
-
-
 def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
     """How many runs the host splits each group's heads into (1: no split, no partials)."""
     heads_per_group = nheads // ngroups
-    asked = os.environ.get(SPLITS_VAR, "")
-    if asked and not (asked.isdigit() and int(asked) >= 1):
-        raise ValueError(f"{SPLITS_VAR}={asked!r}: expected a positive integer or unset (the rule)")
-    want = int(asked) if asked else max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups)))
-    want = min(heads_per_group, want)
+    want = min(heads_per_group, max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups))))
     per_run = -(-heads_per_group // want)
     return -(-heads_per_group // per_run)
 
 
-# dC and dB in one program (sides 1) or in one program each (2: each holds one fp32 accumulator
-# instead of two, and there are twice as many). This variable ("1" or "2") overrides `sides`.
-SIDES_VAR = "MAMBA_TUNE_SSD_DBDC_SIDES"
-
-
-def sides() -> int:
-    """Programs per (chunk rows, group, head run, dstate block): 2, one for dC and one for dB, at
-    every shape measured: on the H200, the kernel alone at its best of five configs, two sides
-    took 0.844 against one side's 0.916 ms at Mamba2-2.7B and 0.515 against 0.659 ms at
-    Nemotron-3 Nano TP1; docs/results.md has the whole steps."""
-    path = os.environ.get(SIDES_VAR, "")
-    if path not in ("", "1", "2"):
-        raise ValueError(f"{SIDES_VAR}={path!r}: expected '1', '2' or unset (2)")
-    return int(path) if path else 2
+# dC and dB in one program each (the kernel's `sides_n` 2: each program holds one fp32 accumulator
+# instead of two, and there are twice as many) won over both in one program: on the H200 (bf16,
+# batch 2, seqlen 8192, the kernel alone at its best of five configs, ms, both / one each) Mamba2-2.7B
+# 0.916 / 0.844, Zamba2-2.7B 0.785 / 0.735, Falcon-H1-0.5B 0.221 / 0.204, Nemotron-3 Nano TP1 0.659 / 0.515.
+SIDES = 2
 
 
 def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,7 +296,7 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     dB_part, dC_part = out_buffers(x, B, dt.shape[2])
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
             prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb,
-            sides())
+            SIDES)
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
     return sum_runs(dB_part, dC_part, x.dtype)
 
@@ -335,8 +316,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 # Default (no tuned entry): 64 rows, all of dstate up to 128, 64-wide k steps, 4 warps, 3 stages.
 # With dC and dB in branches one accumulator is live at a time, and 4 warps beat 8 at Mamba2 and
-# Zamba2 on the H200 (0.916 / 1.157 ms and 0.785 / 1.080 ms at one side; 0.844 / 1.121 and
-# 0.735 / 1.087 at two). Before the branches two
+# Zamba2 on the H200 (0.844 / 1.121 and 0.735 / 1.087 ms). Before the branches two
 # accumulators wanted 8 warps, and the 32-wide k step with 2 stages was 1.6x slower.
 _DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "chunk_size", "headdim"), 4, 3)
 

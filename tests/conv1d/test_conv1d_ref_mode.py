@@ -21,10 +21,10 @@ from mamba_tune.conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
 pytestmark = pytest.mark.usefixtures("conv_ref_mode", "bwd_path")
 
 
-@pytest.fixture(autouse=True, params=["split", "fused", "slide"])
+@pytest.fixture(autouse=True, params=["split", "slide"])
 def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on each backward path: two kernels through the fp32 dpre buffer, and the two
-    one-kernel forms (the slide one where x is channel-last; elsewhere it takes the two)."""
+    """Every test on each backward path: two kernels through the fp32 dpre buffer, and the
+    one-kernel slide form (where x is channel-last; elsewhere it takes the two)."""
     monkeypatch.setenv(conv.BWD_PATH, request.param)
     return request.param
 

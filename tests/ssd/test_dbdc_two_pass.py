@@ -149,6 +149,10 @@ def test_the_rule_and_the_head_runs_are_mirrored_in_the_key_records():
         if nheads % ngroups == 0:
             got = kernel_keys.dbdc_head_runs(batch, nchunks, ngroups, nheads)
             assert got == one.head_splits(batch, nchunks, ngroups, nheads), (batch, nchunks, ngroups, nheads)
+    # Mamba2 / Zamba2 at batch 2, seqlen 8192, chunk 256 (32 chunks, one group of 80 heads): 8 runs
+    # of 10 heads; Nemotron-3 Nano TP1 (64 chunks, 8 groups of 8 heads): one run.
+    assert one.head_splits(2, 32, 1, 80) == 8
+    assert one.head_splits(2, 64, 8, 64) == 1
 
 
 def test_plan_lists_the_path_the_rule_runs():

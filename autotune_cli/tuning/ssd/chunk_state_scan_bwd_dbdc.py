@@ -53,7 +53,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     G, N = i.C.shape[2], i.C.shape[3]
     rows = rows_buffer(s)
     args = (dB_part, dC_part, s.dy, i.z, i.x, i.B, i.C, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
-            i.seq_idx, rows, None if rows is None else s.cb, kernel.sides())
+            i.seq_idx, rows, None if rows is None else s.cb, kernel.SIDES)
 
     def outputs(res: Any) -> dict[str, torch.Tensor]:
         return with_rows({"dB": kernel.sum_splits(res[0], i.x.dtype).float(),
