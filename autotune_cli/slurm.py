@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autotune_cli import environment as env
+from autotune_cli.bundle_lock import bundle_lock
 from autotune_cli.plan import Combo
 from autotune_cli.sweep import (
     ComboResult,
@@ -159,7 +160,7 @@ def merge_result(combo_dir: Path, log: str = "") -> dict[str, Any]:
     try:
         entry, failure, kprov = record_from_result(task, result, log or task.get("log", ""))
         spec = SpecRef.model_validate(task["spec"]) if task.get("spec") else None
-        with FileLock(f"{bundle_path}.lock", timeout=MERGE_LOCK_TIMEOUT_S):
+        with bundle_lock(bundle_path, timeout=MERGE_LOCK_TIMEOUT_S):
             bundle = load_bundle(bundle_path) if bundle_path.exists() else None
             if "gpu" in result:  # what the task ran on
                 gpu, versions = GpuInfo.model_validate(result["gpu"]), Versions.model_validate(result["versions"])

@@ -27,13 +27,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from filelock import FileLock, Timeout
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 from rich.text import Text
 
 from autotune_cli import environment as env
+from autotune_cli.bundle_lock import BundleBusy, bundle_lock
 from autotune_cli.plan import Combo, estimate_seconds_for
 from autotune_cli.search_trace import seconds_to_within
 from autotune_cli.spec import Budget, Tolerance
@@ -125,6 +125,11 @@ class SweepResult:
 
 
 def bundle_path_for(out_dir: Path, sku: str, name: str) -> Path:
+    """OUT/SKU/NAME.json; a name that could leave OUT (`spec.name_problem`) is SweepInputError."""
+    from autotune_cli.spec import name_problem
+
+    if why := name_problem(name):
+        raise SweepInputError(f"bundle name {why}")
     return out_dir / sku / f"{name}.json"
 
 
@@ -436,12 +441,11 @@ class Sweep:
         warm = self.warm_bundles(gpu.sku)  # bad input fails before anything is written
         path = bundle_path_for(self.opt.out_dir, gpu.sku, self.bundle_name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(f"{path}.lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise SweepInputError(f"another sweep is writing {path} (lock {path}.lock is held)") from None
-        try:
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(bundle_lock(path))
+            except BundleBusy as e:
+                raise SweepInputError(str(e)) from None
             with _stop_signals_raise():
                 # What killed runs left: their temp folders, and (under the lock, so no
                 # writer of this bundle is alive) half-written copies of the bundle.
@@ -450,8 +454,6 @@ class Sweep:
                 for leftover in path.parent.glob(f"{glob_escape(temp_prefix(path))}*.tmp"):
                     leftover.unlink(missing_ok=True)
                 return self._run_locked(path, gpu, versions, slots, warm)
-        finally:
-            lock.release()
 
     def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None],
                     warm: list[Bundle]) -> SweepResult:

@@ -59,6 +59,8 @@ from mamba_tune import runtime
 FORMAT = "mamba-tune-record"
 VERSION = 1
 ENV_RECORD = "MAMBA_TUNE_RECORD"
+# Other processes (ranks) hold a record's lock only while they merge into it: well under this.
+LOCK_TIMEOUT_S = 120.0
 
 
 class RecordError(ValueError):
@@ -235,10 +237,16 @@ def merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def merge_into(path: Path, doc: dict[str, Any]) -> None:
     """Add `doc` to the record at `path` (created if absent) under `<path>.lock`."""
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):
+    _check_lock_file(path)
+    lock = FileLock(f"{path}.lock")
+    try:
+        lock.acquire(timeout=LOCK_TIMEOUT_S)
+    except Timeout:
+        raise RecordError(f"{path}: its lock {path}.lock was held for over {LOCK_TIMEOUT_S:.0f} s") from None
+    try:
         merged = merge(load_record(path), doc) if path.exists() else doc
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
@@ -250,6 +258,18 @@ def merge_into(path: Path, doc: dict[str, Any]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+    finally:
+        lock.release()
+
+
+def _check_lock_file(path: Path) -> None:
+    """RecordError at once where `<path>.lock` cannot be created (a read-only or a special
+    folder such as /proc): filelock retries some of those errors for as long as it waits."""
+    lock = f"{path}.lock"
+    try:
+        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as e:
+        raise RecordError(f"{path}: cannot create its lock file {lock}: {e.strerror or e}") from None
 
 
 def start(path: str | os.PathLike[str]) -> Recorder:
@@ -292,6 +312,14 @@ def start_from_env() -> Recorder | None:
     path = os.environ.get(ENV_RECORD)
     if not path or runtime.recorder() is not None:
         return None
+    try:  # a file that cannot be written fails here, at import, not at exit
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RecordError(f"{ENV_RECORD}={path}: cannot create its folder: {e.strerror or e}") from None
+    try:
+        _check_lock_file(Path(path))
+    except RecordError as e:
+        raise RecordError(f"{ENV_RECORD}={e}") from None
     rec = start(path)
     atexit.register(_flush_at_exit, rec)
     return rec

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bundles import H200, VERSIONS, bundle, entry, norm_dims
 
 from mamba_tune.bundle import Failure, GpuInfo, load_bundle, write_bundle
@@ -89,3 +91,63 @@ def test_merge_keeps_one_kernel_source_and_drops_entries_tuned_on_another(tmp_pa
         assert m.entries[new.key].timing.tuned_ms == 0.30
         assert m.provenance.kernels["gated_norm_fwd"].source_sha256 == current
         assert r.stdout.count("dropped") + r.stderr.count("dropped") == 2, r.stdout + r.stderr
+
+
+HOLD = ("import sys, time\nfrom filelock import FileLock\n"
+        "with FileLock(sys.argv[1] + '.lock'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+
+
+def test_merge_into_a_bundle_a_sweep_is_writing_is_refused(tmp_path):
+    """The bundle's lock (`<bundle>.lock`, the one a sweep holds for its whole run), held by a
+    real second process: `merge -o` into it exits 2 and leaves the bundle as it was; once the
+    holder is gone the merge goes through."""
+    a, target = tmp_path / "a.json", tmp_path / "h200" / "nano.json"
+    write_bundle(bundle(entry(dims=norm_dims(rows=2048))), a)
+    write_bundle(bundle(entry(dims=norm_dims(rows=1024))), target)
+    before = target.read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = merge(str(a), str(target), "-o", str(target))
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"another sweep is writing {target}" in lines[0], r.stderr
+        assert target.read_bytes() == before
+    finally:
+        holder.communicate("", timeout=60)
+    r = merge(str(a), str(target), "-o", str(target))
+    assert r.returncode == 0, r.stderr
+    assert len(load_bundle(target).entries) == 2
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder this process cannot write: mode 0555, or for root (whom modes do not stop) a
+    read-only bind mount; skipped where neither is possible."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        yield ro
+        ro.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(src), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("root, and no read-only bind mount here")
+    try:
+        yield ro
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_merge_onto_a_read_only_folder_is_one_line_exit_2(tmp_path, read_only_dir):
+    a = tmp_path / "a.json"
+    write_bundle(bundle(entry()), a)
+    out = read_only_dir / "m.json"
+    r = merge(str(a), "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot write {out}" in lines[0], r.stderr
+    assert "Read-only file system" in lines[0] or "Permission denied" in lines[0], r.stderr
+    assert list(read_only_dir.iterdir()) == []

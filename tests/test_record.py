@@ -225,3 +225,54 @@ def test_sweep_from_record_with_everything_exact_has_nothing_to_do(tmp_path):
     assert r.exit_code == 0 and "nothing to tune" in r.output, r.output
     r = runner.invoke(app, ["sweep", str(ROOT / "tests/data/tiny.yaml"), "--gpu", "h200"])
     assert r.exit_code == 2 and "--gpu and --name go with --from-record" in r.output, r.output
+
+
+@pytest.mark.parametrize("name,stem,needle", [
+    ("../../x", "rec", "--name '../../x' is not a safe file name"),
+    (None, "..rec", "the record's file stem '..rec' is not a safe file name"),
+])
+def test_sweep_from_record_refuses_a_bundle_name_that_leaves_out(tmp_path, name, stem, needle):
+    """--name (or the record's stem) becomes OUT/SKU/NAME.json, its lock and its log folder:
+    checked by the rule `tune --name` follows, before anything is written."""
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    path = _write(work / f"{stem}.json", {_key(32): _call(32, 1, {"default": 1})}, ("cpu",))
+    args = ["sweep", "--from-record", str(path), "--cpu-dry-run", "-o", str(work / "out"),
+            "--log-dir", str(work / "logs")]
+    r = runner.invoke(app, [*args, *(["--name", name] if name else [])])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]
+
+
+def test_env_var_naming_a_file_no_lock_can_be_made_for_fails_at_once(tmp_path):
+    """MAMBA_TUNE_RECORD=/proc/1/x.json: no lock file can be created there, which filelock
+    retries for as long as it waits (for ever without a timeout): one error naming the
+    variable at import, well before the test's timeout."""
+    env = {**os.environ, "HELION_INTERPRET": "1", "MAMBA_TUNE_RECORD": "/proc/1/x.json",
+           "MAMBA_TUNE_CONFIGS": str(tmp_path / "no-bundles")}
+    code = ("import torch, mamba_tune\nx = torch.randn(32, 64, dtype=torch.bfloat16)\n"
+            "with torch.no_grad():\n    mamba_tune.rmsnorm_fn(x, torch.ones(64), None, z=x, group_size=32)\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.endswith("MAMBA_TUNE_RECORD=/proc/1/x.json: cannot create its lock file /proc/1/x.json.lock: "
+                         "No such file or directory"), p.stderr[-2000:]
+
+
+def test_merge_into_waits_for_a_held_lock_a_bounded_time(tmp_path, monkeypatch):
+    """A record lock another process holds: merge_into gives up after LOCK_TIMEOUT_S with one line."""
+    path = tmp_path / "rec.json"
+    hold = ("import sys\nfrom filelock import FileLock\nwith FileLock(sys.argv[1] + '.lock'):\n"
+            "    print('held', flush=True)\n    sys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    monkeypatch.setattr(record, "LOCK_TIMEOUT_S", 1.0)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        new = {**record.empty_record(), "devices": ["cpu"], "calls": {_key(32): _call(32, 1, {"default": 1})}}
+        with pytest.raises(record.RecordError, match=r"rec.json.lock was held for over 1 s"):
+            record.merge_into(path, new)
+    finally:
+        holder.communicate("", timeout=60)
+    assert not path.exists()

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from autotune_cli.commands.common import Command, err, fail, out
+from autotune_cli.commands.common import Command, err, fail, os_error_text, out
 
 if TYPE_CHECKING:
     from autotune_cli.sweep import Sweep, SweepResult
@@ -94,6 +94,7 @@ def merge_command(
         help="Merge bundles of different GPU models or versions (the first one's provenance is kept).")] = False,
 ) -> None:
     """Merge bundles; a key in several keeps the fastest entry (same GPU and versions only)."""
+    from autotune_cli.bundle_lock import BundleBusy, bundle_lock
     from autotune_cli.merge import MergeError, merge_bundles
     from mamba_tune.bundle import write_bundle
 
@@ -101,8 +102,15 @@ def merge_command(
         merged, notes = merge_bundles(bundles, allow_mixed=allow_mixed)
     except MergeError as e:
         fail(str(e))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_bundle(merged, output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        # The bundle's lock, as a sweep holds it: a sweep writing OUTPUT would drop the merge.
+        with bundle_lock(output):
+            write_bundle(merged, output)
+    except BundleBusy as e:
+        fail(f"-o {output}: {e}; merge when it is done, or into another file")
+    except OSError as e:
+        fail(f"cannot write {os_error_text(e)}")
     for line in notes:
         err.print(escape(line))
     out.print(f"wrote {escape(str(output))}: {len(merged.entries)} entries, {len(merged.failures)} failures "

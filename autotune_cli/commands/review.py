@@ -210,13 +210,13 @@ def report_command(
                                           file_okay=False)],
 ) -> None:
     """Speedup plots (PNG, one per kernel) and a markdown summary (DIR/report.md) of BUNDLE."""
-    from autotune_cli.review.report import ReportDependencyError, write_report
+    from autotune_cli.review.report import ReportDependencyError, ReportInputError, write_report
     from mamba_tune.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)
         written = write_report(bundle, str(bundle_path), out_dir)
-    except (BundleError, ReportDependencyError) as e:
+    except (BundleError, ReportDependencyError, ReportInputError) as e:
         fail(str(e))
     except OSError as e:
         fail(f"cannot write the report: {os_error_text(e)}")

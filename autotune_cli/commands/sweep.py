@@ -136,10 +136,13 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
                    cpu_dry_run: bool) -> tuple[list[Combo], _Source]:
     """`--from-record`: the recorded combos without an exact entry, the target GPU and bundle name."""
     from autotune_cli.from_record import combos_from_record
-    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, name_problem
     from mamba_tune.record import RecordError
     from mamba_tune.sku import GPU_SKUS
 
+    bundle_name = name or path.stem
+    if why := name_problem(bundle_name):
+        fail(f"--name {why}" if name else f"{path}: the record's file stem {why}; name the bundle with --name")
     try:
         rp = combos_from_record(path, force=force)
     except RecordError as e:
@@ -152,7 +155,6 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
         gpu = rp.skus[0] if rp.skus else "h200"
     if gpu not in GPU_SKUS:
         fail(f"--gpu {gpu!r}: unknown GPU; known: {', '.join(GPU_SKUS)}")
-    bundle_name = name or path.stem
     err.print(f"{path}: {rp.recorded} recorded key(s), {rp.exact} served exactly; "
               f"{len(rp.combos)} to tune" + (" (--force: all)" if force else ""))
     if not rp.combos:

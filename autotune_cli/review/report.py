@@ -27,6 +27,20 @@ class ReportDependencyError(RuntimeError):
     """matplotlib is missing; the message says how to install it."""
 
 
+class ReportInputError(ValueError):
+    """A bundle whose kernel names cannot be file names (one line; nothing is written)."""
+
+
+def _check_kernel_names(bundle: Bundle, source: str) -> None:
+    """Figures are named after kernels (speedup-<kernel>.png): every kernel name must be a safe
+    file name (`spec.name_problem`), or a crafted bundle could write outside the report's folder."""
+    from autotune_cli.spec import name_problem
+
+    for key, e in sorted(bundle.entries.items()):
+        if why := name_problem(e.kernel):
+            raise ReportInputError(f"{source}: entries[{key!r}].kernel {why}")
+
+
 def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
@@ -133,6 +147,7 @@ def _md(text: str) -> str:
 def write_report(bundle: Bundle, source: str, out_dir: Path) -> list[Path]:
     """Write one PNG per kernel and report.md into out_dir; return the paths written."""
     _figure_class()  # fail before writing anything when matplotlib is missing
+    _check_kernel_names(bundle, source)
     out_dir.mkdir(parents=True, exist_ok=True)
     p = bundle.provenance
     groups = _by_kernel(bundle)

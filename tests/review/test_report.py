@@ -136,3 +136,18 @@ def test_provenance_lists_each_kernels_config_spaces_from_its_entries(tmp_path: 
     assert fwd.endswith(f", config spaces {'a' * 12} (2 entries), {'b' * 12} (1 entry) |"), fwd
     bwd = next(line for line in md.splitlines() if line.startswith("| kernel gated_norm_bwd |"))
     assert "config spa" not in bwd, bwd
+
+
+def test_a_kernel_name_that_is_a_path_writes_nothing_anywhere(tmp_path: Path) -> None:
+    """Figures are named after kernels: a crafted bundle's kernel `../../escape` must not
+    put a PNG outside -o (one line, exit 2, no file written)."""
+    src = fx.write(report_bundle(), tmp_path / "src" / "h200" / "nano.json")
+    src.write_text(src.read_text().replace("gated_norm_fwd", "../../escape"))
+    out = tmp_path / "a" / "b" / "report"
+    (out / "speedup-..").mkdir(parents=True)  # then speedup-../../escape.png is a/b/escape.png
+    res = runner.invoke(app, ["report", str(src), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'../../escape' is not a safe file name" in lines[0], res.stderr
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["src/h200/nano.json"], written
