@@ -50,3 +50,56 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     where, count = r.stdout.split()
     assert Path(where).is_relative_to(site) and int(count) >= 10
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_torch_is_pinned_to_the_tested_range():
+    """`pip install -e .` must not resolve to a torch no figure was measured with: the GPU path
+    is tested with 2.11, the CPU suite with 2.13 (the one running this test)."""
+    import torch
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    (req,) = [Requirement(d) for d in _pyproject()["project"]["dependencies"] if Requirement(d).name == "torch"]
+    tested = Version(torch.__version__.split("+")[0])
+    for version, ok in (("2.11.0", True), (str(tested), True), ("2.9.0", False), ("2.14.1", False)):
+        assert req.specifier.contains(version) is ok, (str(req), version)
+
+
+# Imported by tests, installed outside the extras on purpose: mamba-ssm's tests skip without it
+# (README: built from source with MAMBA_SKIP_CUDA_BUILD).
+NOT_AN_EXTRA = {"mamba_ssm"}
+
+
+def test_every_third_party_import_of_the_tests_is_declared():
+    """A clean `pip install -e '.[test]'` has everything the tests import (einops was missing)."""
+    import ast
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    project = _pyproject()["project"]
+    declared = {Requirement(d).name.lower().replace("_", "-")
+                for d in [*project["dependencies"], *project["optional-dependencies"]["test"]]}
+    local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {"autotune_cli", "mamba_tune", "generated_configs"}
+    dists = importlib.metadata.packages_distributions()
+    missing = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in (n.split(".")[0] for n in names):
+                if name in sys.stdlib_module_names or name in local or name in NOT_AN_EXTRA:
+                    continue
+                dist = [d.lower().replace("_", "-") for d in dists.get(name, [name])]
+                if not set(dist) & declared:
+                    missing.setdefault(name, path.relative_to(ROOT).as_posix())
+    assert not missing, f"imported by the tests, not in pyproject's dependencies or test extra: {missing}"
