@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import worker_processes
 
 from autotune_cli.tuning import all_kernels
 from mamba_tune.bundle import find_bundles, load_bundle
@@ -22,13 +24,17 @@ pytestmark = pytest.mark.slow
 def test_default_configs_and_committed_bundles_lower(clean_env, lowering_processes):
     # Processes that share the lowering (`--shard I/N`): one per core the test has.
     shards = lowering_processes
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{shards}"],
-                              env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(shards)]
-    outs = [p.communicate(timeout=1200) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, (out + err)[-4000:]
-    stdout = "".join(out for out, _ in outs)
+
+    def shard(i: int) -> worker_processes.Ended:
+        return worker_processes.run([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{shards}"],
+                                    env=clean_env, timeout_s=2 * worker_processes.MIN_SECONDS)
+
+    with ThreadPoolExecutor(max_workers=shards) as pool:
+        ended = list(pool.map(shard, range(shards)))
+    for i, e in enumerate(ended):
+        assert e.returncode == 0 and not e.timed_out, \
+            f"lowering shard {i}/{shards}: {e.how()}; output: {(e.stdout + e.stderr)[-4000:] or '(empty)'}"
+    stdout = "".join(e.stdout for e in ended)
     assert "FAIL" not in stdout
     for name in all_kernels():  # every kernel, in one of the shards
         assert f"ok   {name} " in stdout, name

@@ -15,13 +15,10 @@ processes without HELION_INTERPRET (one per core the test has: tests/conftest.py
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from worker_processes import run_cases
 
 from autotune_cli.kernel_keys import bwd_partials
 
@@ -96,23 +93,8 @@ def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dic
 
 @functools.cache
 def _lower_cases(env_items: tuple[tuple[str, str], ...], n: int) -> dict[str, dict[str, Any]]:
-    clean_env = dict(env_items)
-
-    def run(part: list[tuple[str, str, dict[str, int], str]]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(part), capture_output=True,
-                              text=True, env=clean_env, timeout=900)
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        done = list(pool.map(run, [CASES[i::n] for i in range(n)]))
-    results: dict[str, dict[str, Any]] = {}
-    for proc in done:
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                results[r["id"]] = r
-        if proc.returncode != 0:
-            results["__worker__"] = {"ok": False, "error": proc.stderr[-3000:]}
-    return results
+    # A worker that dies is reported with its exit code or signal and peak memory (worker_processes).
+    return run_cases(_WORKER, CASES, n, dict(env_items))
 
 
 @pytest.fixture(scope="module")
