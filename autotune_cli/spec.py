@@ -47,11 +47,12 @@ followed (anchors and aliases work; an alias bomb is refused, never expanded).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -332,10 +333,42 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field's annotation holds (itself, or in a list / Optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the spec allows beside the last element of `loc` (empty where unknown)."""
+    cls: type[BaseModel] | None = SpecModel
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if cls is not None else None
+        if field is None:
+            return []
+        cls = _model_in(field.annotation)
+    return list(cls.model_fields) if cls is not None else []
+
+
+def _unknown_key_message(loc: tuple[Any, ...]) -> str:
+    key = str(loc[-1])
+    known = _keys_at(loc)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key {key!r}; did you mean {close[0]!r}?"
+    return f"unknown key {key!r}" + (f"; known keys here: {', '.join(known)}" if known else "")
+
+
 def _pydantic_message(err: dict[str, Any]) -> str:
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":
-        return "unknown key"
+        return _unknown_key_message(tuple(err["loc"]))
     if kind == "missing":
         return "required key is missing"
     if kind == "literal_error":
@@ -417,7 +450,9 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec", shipped
     try:
         model = SpecModel.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        # An unknown key first: a typo in a required key (`bacth`) is also reported as that key
+        # missing, and the typo is what to fix.
+        err = min(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
         raise fail(tuple(err["loc"]), _pydantic_message(err)) from None
     spec = _resolve(model, text, source, stem, fail)
     # The shipped part is checked whenever the spec is read, so `validate` catches a bad one.

@@ -147,8 +147,14 @@ def test_bad_norm_weight_dtypes(text, expected):
 @pytest.mark.parametrize(
     "text,expected",
     [
-        pytest.param(_bad("  arch: sm90\n", "  arch: sm90\n  colour: red\n"), "t.yaml:5: target.colour: unknown key",
-                     id="unknown-key"),
+        pytest.param(_bad("  arch: sm90\n", "  arch: sm90\n  colour: red\n"),
+                     "t.yaml:5: target.colour: unknown key 'colour'; known keys here: gpu, arch", id="unknown-key"),
+        # A typo in a required key: the typo is named, with the key it is close to (not "batch: missing").
+        pytest.param(_bad("batch: [2]\n", "bacth: [2]\n"), "t.yaml:11: bacth: unknown key 'bacth'; did you mean 'batch'?",
+                     id="typo-required-key"),
+        pytest.param(_bad("  seed: 3\n", "  seed: 3\n  seconds_per_comb: 5\n"),
+                     "t.yaml:19: budget.seconds_per_comb: unknown key 'seconds_per_comb'; did you mean "
+                     "'seconds_per_combo'?", id="typo-nested-key"),
         pytest.param(_bad("seqlen: [8192, 4096]", "seqlen: [8192, long]"),
                      "t.yaml:12: seqlen[1]: Input should be a valid integer", id="wrong-type"),
         pytest.param(_bad("d_inner: 1024, headdim: 64", "d_inner: 1000, headdim: 64"),
