@@ -6,7 +6,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune_cli.kernel_keys import ModelShape
@@ -153,13 +153,16 @@ def cpu_loweable(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return kept, notes
 
 
-def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
-    """(key, error) for every entry whose config no longer lowers; empty when all do."""
+def lower_bundle(bundle: Bundle, progress: Callable[[int, int], None] | None = None) -> list[tuple[str, str]]:
+    """(key, error) for every entry whose config no longer lowers; empty when all do.
+    `progress(done, total)` is called before each entry."""
     from autotune_cli.tuning import all_kernels
 
     kernels = all_kernels()
     problems: list[tuple[str, str]] = []
-    for key, entry in bundle.entries.items():
+    for i, (key, entry) in enumerate(bundle.entries.items()):
+        if progress is not None:
+            progress(i, len(bundle.entries))
         tk = kernels.get(entry.kernel)
         if tk is None:
             problems.append((key, f"unknown kernel {entry.kernel!r}"))
@@ -173,9 +176,11 @@ def lower_bundle(bundle: Bundle) -> list[tuple[str, str]]:
     return problems
 
 
-def compile_bundle(bundle: Bundle) -> list[tuple[str, dict[str, int] | None, str | None]]:
+def compile_bundle(bundle: Bundle, progress: Callable[[int, int], None] | None = None
+                   ) -> list[tuple[str, dict[str, int] | None, str | None]]:
     """Every entry's config compiled for the bundle's GPU (`compile_for_gpu`, `ptxas_usage`):
-    (key, {"registers", "spill_stores", "spill_loads", "shared"} or None, the error or None)."""
+    (key, {"registers", "spill_stores", "spill_loads", "shared"} or None, the error or None).
+    `progress(done, total)` is called before each entry."""
     import helion
 
     from autotune_cli.tuning import all_kernels
@@ -183,7 +188,9 @@ def compile_bundle(bundle: Bundle) -> list[tuple[str, dict[str, int] | None, str
     capability = int(bundle.provenance.gpu.arch.removeprefix("sm"))
     kernels = all_kernels()
     results: list[tuple[str, dict[str, int] | None, str | None]] = []
-    for key, entry in bundle.entries.items():
+    for i, (key, entry) in enumerate(bundle.entries.items()):
+        if progress is not None:
+            progress(i, len(bundle.entries))
         tk = kernels.get(entry.kernel)
         if tk is None:
             results.append((key, None, f"unknown kernel {entry.kernel!r}"))

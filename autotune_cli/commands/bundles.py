@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -28,6 +29,22 @@ def check_bundle_kernels(bundle: Bundle, source: str) -> None:
             raise BundleError(f"{source}: entries[{key!r}]: unknown kernel {entry.kernel!r}")
         if set(entry.dims) != set(tk.dims):
             raise BundleError(f"{source}: entries[{key!r}].dims: expected exactly {', '.join(tk.dims)}")
+
+
+class _Progress:
+    """`what i/n configs` on stderr: a status line on a terminal, else a line every 30 s."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        line = f"{self.what} {done}/{total} configs"
+        if err.is_terminal:
+            err.print(line, markup=False, end="\r")
+        elif time.monotonic() - self.last >= 30:
+            err.print(line, markup=False)
+            self.last = time.monotonic()
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -62,8 +79,14 @@ def validate_command(
     if not files:
         fail("no .yaml or .json files under " + ", ".join(map(str, paths)))
     lowering_failed = False
+    bundles = sum(f.suffix == ".json" for f in files)
+    seen = 0
     for f in files:
         try:
+            if f.suffix == ".json":
+                # Progress on stderr: checking a bundle's configs takes seconds per entry.
+                seen += 1
+                err.print(f"[{seen}/{bundles}] checking {f}", markup=False)
             if f.suffix in (".yaml", ".yml"):
                 spec = load_spec(f)
                 out.print(f"ok  {f}: spec {spec.name}, {len(spec.models)} model configs, {len(spec.kernels)} kernels",
@@ -72,7 +95,8 @@ def validate_command(
                 bundle = load_bundle(f)
                 check_bundle_kernels(bundle, str(f))
                 g = bundle.provenance.gpu
-                msg = f"ok  {f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
+                msg = f"{f}: bundle, {len(bundle.entries)} entries, {len(bundle.failures)} failures, {g.name}"
+                file_failed = False
                 from autotune_cli.lowering import invalid_configs  # imports torch and helion
 
                 if g.arch == "cpu":  # `sweep --cpu-dry-run`: ref mode, where no config applies
@@ -81,20 +105,20 @@ def validate_command(
                     rejected = invalid_configs(bundle)
                     for key, why in rejected:
                         err.print(f"{f}: {key}: Helion rejects the config: {why}", style="red", markup=False)
-                    lowering_failed |= bool(rejected)
+                    file_failed |= bool(rejected)
                     msg += f", {len(bundle.entries) - len(rejected)}/{len(bundle.entries)} configs valid"
                 if lower:
                     from autotune_cli.lowering import lower_bundle
 
-                    bad = lower_bundle(bundle)
+                    bad = lower_bundle(bundle, _Progress(f"[{seen}/{bundles}] {f}: lowering"))
                     for key, why in bad:
                         err.print(f"[red]{escape(f'{f}: {key}: config does not lower: {why}')}")
-                    lowering_failed |= bool(bad)
+                    file_failed |= bool(bad)
                     msg += f", {len(bundle.entries) - len(bad)}/{len(bundle.entries)} configs lower"
                 if compile_ and g.arch != "cpu":
                     from autotune_cli.lowering import compile_bundle
 
-                    compiled = compile_bundle(bundle)
+                    compiled = compile_bundle(bundle, _Progress(f"[{seen}/{bundles}] {f}: compiling"))
                     for key, usage, why in compiled:
                         if why is not None:
                             err.print(f"{f}: {key}: config does not compile for {g.arch}: {why}", style="red",
@@ -105,10 +129,12 @@ def validate_command(
                                       style="yellow", markup=False)
                     failed = sum(why is not None for _k, _u, why in compiled)
                     spilled = sum(bool(u and (u["spill_stores"] or u["spill_loads"])) for _k, u, _w in compiled)
-                    lowering_failed |= bool(failed)
+                    file_failed |= bool(failed)
                     msg += (f", {len(compiled) - failed}/{len(compiled)} configs compile for {g.arch}"
                             f" ({spilled} spill)")
-                out.print(msg, markup=False)
+                # A file with a rejected config, or one that does not lower or compile, is FAILED.
+                out.print(f"{'FAILED' if file_failed else 'ok'}  {msg}", markup=False)
+                lowering_failed |= file_failed
             else:
                 fail(f"{f}: not a spec (.yaml) or bundle (.json)")
         except (SpecError, BundleError) as e:
