@@ -7,6 +7,8 @@ coverage); 2 bad input (spec, bundle, arguments, environment) with nothing writt
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -55,7 +57,30 @@ for group in (plan, sweep, bundles, review, bench, cluster):
 
 
 def main() -> None:
-    """Run the CLI; a bad argument or option is one line on stderr and exit code 2."""
+    """Run the CLI; a bad argument or option is one line on stderr and exit code 2. Output
+    piped to a reader that stops early (`| head`) ends the command quietly with exit code 0."""
+    import click.utils
+
+    try:
+        _main()
+    except BrokenPipeError:
+        _quiet_stdout()
+        sys.exit(0)
+    except SystemExit:
+        # Click answers a broken pipe with exit code 1, having wrapped stdout to hush it.
+        if isinstance(sys.stdout, click.utils.PacifyFlushWrapper):
+            _quiet_stdout()
+            sys.exit(0)
+        raise
+
+
+def _quiet_stdout() -> None:
+    """Python's own flush of stdout at exit would fail again on the closed pipe: /dev/null."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+
+
+def _main() -> None:
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:

@@ -334,9 +334,15 @@ def test_validate_lists_configs_helion_rejects(tmp_path):
            entry("gated_norm_bwd", dims=dims, config={"block_sizes": [8, 1]}),
            entry(dims=norm_dims(rows=16, d=64, group_size=32), config={"block_sizes": [8, 1], "indexing": ["pointer"]})]
     write_bundle(bundle(good, *bad), p)
-    r = run("validate", str(p))
+    ok = tmp_path / "ok.json"
+    write_bundle(bundle(good), ok)
+    r = run("validate", str(p), str(ok))
     assert r.exit_code == 1, r.output
     assert "1/4 configs valid" in r.stdout
+    # The failed file's summary says so (never `ok`); the good one's is ok; progress on stderr.
+    summary = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()}
+    assert summary == {f"{p}:": "FAILED", f"{ok}:": "ok"}, r.stdout
+    assert f"[1/2] checking {p}" in r.stderr and f"[2/2] checking {ok}" in r.stderr, r.stderr
     lines = [line for line in r.stderr.splitlines() if "Helion rejects the config" in line]
     assert sorted(line.split(": ")[1] for line in lines) == sorted(e.key for e in bad), r.stderr
     assert any("load_eviction_policies: must be a list of 8 values for this kernel, got 9" in line for line in lines)
@@ -373,3 +379,23 @@ def test_every_option_whose_metavar_spells_its_name_declares_the_name():
                     undeclared.append(f"{name} {param}")
     assert not undeclared, undeclared
     assert len(list(_callbacks(app))) > 5
+
+
+def test_output_piped_to_a_reader_that_stops_early_exits_0_quietly(tmp_path):
+    """`mamba-tune plan SPEC | head -1`: the reader closes the pipe; the command ends with
+    exit code 0 and nothing on stderr (rich and click would each exit 1)."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "s.yaml"
+    seqlens = ", ".join(str(16 * i) for i in range(1, 61))
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text()
+                    .replace("seqlen: [64, 40]", f"seqlen: [{seqlens}]")
+                    .replace("kernels: [gated_norm_fwd, gated_norm_bwd]", "kernels: all"))
+    for extra in ([], ["--json"]):
+        p = subprocess.Popen([sys.executable, "-m", "autotune_cli", "plan", str(spec), *extra], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stdout.readline()
+        p.stdout.close()  # more than a pipe's buffer (64 KiB) is still to come
+        _, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0 and stderr == b"", (extra, p.returncode, stderr[-2000:])

@@ -14,7 +14,15 @@ from mamba_tune.vocab import DTYPES
 
 # Results (tables, JSON) go to stdout; progress and diagnostics to stderr. Piped output
 # (CI logs, files) gets a wide fixed width instead of rich's 80-column default.
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+class _Out(Console):
+    def on_broken_pipe(self) -> None:
+        # The reader went away (`| head`): it has what it wanted. Rich would exit with code 1;
+        # the error goes up to `app.main`, which ends the command quietly with exit code 0.
+        self.quiet = True
+        raise BrokenPipeError
+
+
+out = _Out(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
 EXIT_OK = 0
