@@ -272,6 +272,20 @@ def _non_finite(data: Any) -> tuple[str, float] | None:
     return None
 
 
+def json_error_text(source: str, e: json.JSONDecodeError) -> str:
+    """One line for JSON that does not parse: file, line and column, what was expected there,
+    and whether the file ends early (a truncated copy). json's own message for a string never
+    closed stops at "starting at" (the position is in its str(), not its msg)."""
+    what = e.msg
+    if what == "Unterminated string starting at":
+        what = "expecting '\"' to close the string that starts here"
+    elif what.startswith("Expecting"):
+        what = "expecting" + what.removeprefix("Expecting")
+    if e.pos >= len(e.doc.rstrip()) or what.startswith("expecting '\"' to close"):
+        what += " (the file ends before it: truncated?)"
+    return f"{source}:{e.lineno}:{e.colno}: not valid JSON: {what}"
+
+
 def _bad_configs(data: dict[str, Any], source: str) -> list[tuple[str, str]]:
     """(entry key, one line naming `source`, the key and the config field) for each entry whose
     config the schema refuses (`mamba_tune.config_schema`)."""
@@ -295,7 +309,7 @@ def parse_bundle(text: str, *, source: str = "<bundle>",
     try:
         data = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
-        raise BundleError(f"{source}:{e.lineno}: not valid JSON: {e.msg}") from None
+        raise BundleError(json_error_text(source, e)) from None
     except _DuplicateKey as e:
         raise BundleError(f"{source}: duplicate key {str(e)[:200]!r} in one JSON object") from None
     except ValueError as e:

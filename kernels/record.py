@@ -216,7 +216,9 @@ def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RecordError(f"{p}:{e.lineno}: invalid JSON: {e.msg}") from None
+        from mamba_tune.bundle import json_error_text
+
+        raise RecordError(json_error_text(str(p), e)) from None
     return parse_record(data, str(p))
 
 

@@ -94,8 +94,23 @@ def test_invalid_bundles_give_one_line(mutate, match):
 
 
 def test_not_json():
-    with pytest.raises(BundleError, match=r"^b.json:2: not valid JSON"):
+    with pytest.raises(BundleError, match=r"^b.json:2:14: not valid JSON: expecting value$"):
         parse_bundle('{\n  "entries": ,\n}', source="b.json")
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{\n  "schema_version": 3,\n  "entr', "b.json:3:3: not valid JSON: expecting '\"' to close the string that "
+     "starts here (the file ends before it: truncated?)"),
+    ('{\n  "schema_version": 3,\n  "entries": {\n', "b.json:4:1: not valid JSON: expecting property name "
+     "enclosed in double quotes (the file ends before it: truncated?)"),
+    ('{\n  "schema_version": 3,\n  "entries": [1, \n', "b.json:4:1: not valid JSON: expecting value (the file "
+     "ends before it: truncated?)"),
+])
+def test_truncated_json_names_line_column_and_what_was_expected(text, message):
+    """json's own message for a string never closed stops at "starting at"."""
+    with pytest.raises(BundleError) as e:
+        parse_bundle(text, source="b.json")
+    assert str(e.value) == message
 
 
 def test_non_finite_speedup_written_as_a_big_number_is_invalid():

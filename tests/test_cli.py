@@ -399,3 +399,15 @@ def test_output_piped_to_a_reader_that_stops_early_exits_0_quietly(tmp_path):
         p.stdout.close()  # more than a pipe's buffer (64 KiB) is still to come
         _, stderr = p.communicate(timeout=300)
         assert p.returncode == 0 and stderr == b"", (extra, p.returncode, stderr[-2000:])
+
+
+def test_a_truncated_bundle_is_one_complete_line(tmp_path):
+    """The line number is printed as is (rich read ':100:' as an emoji code), with the column
+    and what was expected."""
+    p = tmp_path / "b.json"
+    p.write_text("{" + "\n" * 99 + '  "entr')
+    r = run("validate", str(p))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {p}:100:3: not valid JSON: expecting '\"' to close the string that starts here "
+        "(the file ends before it: truncated?)"), r.stderr

@@ -117,7 +117,7 @@ def test_env_var_records_each_process_into_one_file(tmp_path):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("{", ":1: invalid JSON"),
+    ("{", ":1:2: not valid JSON: expecting property name enclosed in double quotes (the file ends before it"),
     ("[]", "a record is a JSON object, got list"),
     ('{"format": "x"}', "not a mamba-tune-record file"),
     ('{"format": "mamba-tune-record", "version": 2}', "record version 2; this tool reads version 1"),

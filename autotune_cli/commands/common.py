@@ -12,6 +12,7 @@ from rich.console import Console
 
 from mamba_tune.vocab import DTYPES
 
+
 # Results (tables, JSON) go to stdout; progress and diagnostics to stderr. Piped output
 # (CI logs, files) gets a wide fixed width instead of rich's 80-column default.
 class _Out(Console):
@@ -22,8 +23,9 @@ class _Out(Console):
         raise BrokenPipeError
 
 
-out = _Out(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, soft_wrap=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+# No emoji codes: a message like "file.json:100: ..." would print ":100:" as an emoji.
+out = _Out(soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 200)
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1

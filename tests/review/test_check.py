@@ -159,7 +159,7 @@ def test_bad_inputs(tmp_path: Path) -> None:
     (tmp_path / "h200").mkdir()
     (tmp_path / "h200" / "broken.json").write_text("{")
     res = runner.invoke(app, ["check", str(TINY), "--bundles", str(tmp_path)])
-    assert res.exit_code == 2 and "broken.json:1: not valid JSON" in res.stderr
+    assert res.exit_code == 2 and "broken.json:1:2: not valid JSON: expecting property name" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     spec = tmp_path / "bad.yaml"
     spec.write_text("target: {gpu: h999}\n")
