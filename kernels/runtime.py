@@ -265,7 +265,7 @@ def _check_device(rk: RuntimeKernel, args: Sequence[Any]) -> None:
         where = ", ".join(sorted(devices))
         raise NoDeviceError(
             f"{rk.name}: tensors on {where}: the kernels run compiled on a CUDA GPU; without one, set "
-            "HELION_INTERPRET=1 before importing kernels to run them in Helion's ref mode (eager PyTorch, "
+            "HELION_INTERPRET=1 before importing mamba_tune to run them in Helion's ref mode (eager PyTorch, "
             "for testing; tuned configs do not apply)"
         )
 
