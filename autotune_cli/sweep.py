@@ -229,6 +229,8 @@ class Sweep:
         self.console = console
         # Warm workers between combos, by GPU slot (`_start`, `_reap`).
         self._idle: dict[int | None, _Idle] = {}
+        # Names this run's worker logs: YYYYmmdd-HHMMSS-<pid> (`_start`).
+        self._run_stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     # --- environment and bundle -------------------------------------------------------
 
@@ -337,7 +339,8 @@ class Sweep:
                "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
                "spawned_at": time.time()}  # the worker's "start" phase counts from here
         (workdir / "job.json").write_text(json.dumps(job))
-        log_path = log_dir / f"{index:04d}-{combo.kernel}{tag}.log"
+        # The run's stamp first: the next run's logs (numbered from 0001 again) keep these.
+        log_path = log_dir / f"{self._run_stamp}-{index:04d}-{combo.kernel}{tag}.log"
         # A warm worker for the slot takes the combo (an isolated retry, or --fresh-workers, gets
         # a one-shot worker of its own); else a new one is started, to serve this slot after it.
         warm = not isolated and not self.opt.fresh_workers

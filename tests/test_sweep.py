@@ -200,6 +200,14 @@ def test_worker_failure_is_recorded_and_exits_1(tmp_path):
     assert len(logs) == 4
     for log in logs:
         assert "most recent call first" in log.read_text(), log
+    # The next run (failures are tried again) numbers its combos from 1 too: the logs above stay.
+    r = subprocess.run(sweep_cmd(out, "--timeout", "2", spec=small_spec(tmp_path)), env=env(),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    again = sorted((out / "logs" / "cpu" / "tiny").glob("*.log"))
+    assert len(again) == 8 and set(logs) < set(again), [p.name for p in again]
+    assert all(str(p) in json.dumps(json.loads((out / "cpu" / "tiny.json").read_text())["failures"])
+               for p in set(again) - set(logs))
 
 
 def test_origin_filter_tunes_only_that_shape(tmp_path):
