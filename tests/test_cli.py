@@ -411,3 +411,19 @@ def test_a_truncated_bundle_is_one_complete_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         f"error: {p}:100:3: not valid JSON: expecting '\"' to close the string that starts here "
         "(the file ends before it: truncated?)"), r.stderr
+
+
+def test_sweep_refuses_a_bad_spec_before_importing_torch(tmp_path):
+    """`sweep` checks the spec first, as `validate` does: no torch import (10+ s) for a typo."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((ROOT / "tests/data/tiny.yaml").read_text().replace("batch: [1]", "bacth: [1]"))
+    code = ("import sys\nfrom autotune_cli.app import main\n"
+            f"sys.argv = ['mamba-tune', 'sweep', {str(spec)!r}, '--cpu-dry-run']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+            "print('imported:', *sorted(m for m in ('torch', 'helion', 'autotune_cli.sweep') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.stdout.splitlines() == ["exit 2", "imported:"], r.stdout + r.stderr
+    assert "unknown key 'bacth'; did you mean 'batch'?" in r.stderr

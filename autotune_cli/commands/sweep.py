@@ -205,25 +205,29 @@ def sweep_command(
         help="slurm: wait for the array with progress; --no-wait submits, prints the job id and exits.")] = True,
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
-    from autotune_cli.plan import plan, runs_for, short_timeout_warning
-    from autotune_cli.spec import SpecError, load_spec
-    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
-    from mamba_tune.bundle import SpecRef
+    # The spec first, torch-free: a bad spec is refused in a second, before torch and helion load.
+    from autotune_cli.spec import Spec, SpecError, load_spec
 
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")
-    if from_record is not None:
-        if shipped:
-            fail("--shipped goes with a SPEC (its `shipped` section), not --from-record")
-        combos, source = _record_source(from_record, force=force, gpu=gpu, name=name, cpu_dry_run=cpu_dry_run)
-    else:
+    if from_record is not None and shipped:
+        fail("--shipped goes with a SPEC (its `shipped` section), not --from-record")
+    spec: Spec | None = None
+    if spec_path is not None:
         if gpu is not None or name is not None:
             fail("--gpu and --name go with --from-record; a spec names its target and bundle")
-        assert spec_path is not None
         try:
             spec = load_spec(spec_path, shipped=shipped)
         except SpecError as e:
             fail(str(e))
+    from autotune_cli.plan import plan, runs_for, short_timeout_warning
+    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from mamba_tune.bundle import SpecRef
+
+    if spec is None:
+        assert from_record is not None
+        combos, source = _record_source(from_record, force=force, gpu=gpu, name=name, cpu_dry_run=cpu_dry_run)
+    else:
         combos = plan(spec)
         source = _Source(spec.kernels, spec.budget, spec.tolerances, spec.target.gpu, spec.name,
                          SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256), str(spec_path))
