@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -85,6 +86,19 @@ class SlurmOptions:
     extra: dict[str, str] = dataclasses.field(default_factory=dict)
     wait: bool = True
     poll_s: float = 2.0
+
+
+def private_dir(path: Path) -> Path:
+    """Make `path` a folder only this user can enter (0700): submitit's pickled tasks, which
+    the array's tasks unpickle and run, live under it, and -o may be writable by others.
+    A folder (or link) of another user there is SweepInputError."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SweepInputError(f"{path}: not a folder of this user (uid {os.getuid()}); the Slurm tasks' "
+                              "pickles must live where only their owner can write: remove it or use another -o")
+    os.chmod(path, 0o700)
+    return path
 
 
 def slurm_dir_for(bundle_path: Path) -> Path:
@@ -396,8 +410,8 @@ class SlurmSweep:
         return array_id
 
     def run(self) -> SweepResult:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(exist_ok=True)
+        private_dir(self.dir)
+        private_dir(self.logs)
         bundle, stale = self._bundle()
         done = set() if bundle is None else set(bundle.entries)
         s = self.sweep

@@ -102,6 +102,9 @@ def test_cancel_half_way_then_resume(slurm, tmp_path):
     # seconds_per_combo) + 600 s of set-up = 11 min.
     script = (out / "cpu" / "tiny.slurm" / "logs" / f"{array_id}_submission.sh").read_text()
     assert "#SBATCH --array=0-1%1" in script and "#SBATCH --time=11" in script, script
+    # The pickled tasks (submitit's folder) under a folder only their owner can enter.
+    assert (out / "cpu" / "tiny.slurm").stat().st_mode & 0o777 == 0o700
+    assert (out / "cpu" / "tiny.slurm" / "logs").stat().st_mode & 0o777 == 0o700
     wait_for("the first entry", lambda: len(entries(bundle)) >= 1)
     subprocess.run(["scancel", array_id], env=slurm.env, check=True)
     wait_for("the array to leave the queue", lambda: not any(j.startswith(f"{array_id}_") for j in queue(slurm)), 60)
@@ -193,3 +196,22 @@ def test_bad_slurm_options_are_one_line(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr  # the dry-run note + error
         assert word in r.stderr.splitlines()[-1]
         assert not (tmp_path / "out").exists()
+
+
+def test_the_task_folder_is_made_private_and_must_be_this_users(tmp_path):
+    """No cluster needed: the .slurm folder (submitit's pickles, run by the tasks) is 0700,
+    also when it was there before with a wider mode; a link there is refused."""
+    from autotune_cli.slurm import private_dir
+    from autotune_cli.sweep import SweepInputError
+
+    d = tmp_path / "out" / "cpu" / "tiny.slurm"
+    d.mkdir(parents=True, mode=0o777)
+    d.chmod(0o777)
+    assert private_dir(d) == d and d.stat().st_mode & 0o777 == 0o700
+    assert private_dir(d / "logs").stat().st_mode & 0o777 == 0o700
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "out" / "cpu" / "other.slurm"
+    link.symlink_to(elsewhere)
+    with pytest.raises(SweepInputError, match="other.slurm: not a folder of this user"):
+        private_dir(link)
