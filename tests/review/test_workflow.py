@@ -99,3 +99,16 @@ def test_every_mamba_tune_call_exists() -> None:
 def test_invocations_parser() -> None:
     got = invocations('x=1\nmamba-tune diff "$A:b" c --missing-ok \\\n  --format markdown > d.md || rc=$?\n')
     assert got == [["mamba-tune", "diff", "$A:b", "c", "--missing-ok", "--format", "markdown"]]
+
+
+def test_third_party_actions_are_pinned_by_commit():
+    """A tag can be moved to other code; a commit cannot. Each `uses:` names a full commit
+    SHA, with the release it was tagged with in a comment."""
+    uses = re.findall(r"^\s*-?\s*uses:\s*(\S+)(.*)$", WORKFLOW.read_text(), flags=re.M)
+    assert uses
+    for ref, comment in uses:
+        if ref.startswith("./"):  # an action of this repository
+            continue
+        action, _, pin = ref.partition("@")
+        assert re.fullmatch(r"[0-9a-f]{40}", pin), f"{ref}: pin {action} by its commit SHA"
+        assert re.fullmatch(r"\s*# v\d+(\.\d+)*", comment), f"{ref}: name the release in a comment ({comment!r})"
