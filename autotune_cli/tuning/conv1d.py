@@ -191,13 +191,13 @@ def _make_bwd_dx_problem(dims: dict[str, int], dtype: torch.dtype, device: torch
     dpre = conv._like(inp.x, torch.float32)
     dpre.copy_(inp.dpre(upcast=True))
     dx = conv._like(inp.x)
-    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
+    dinit = conv.dinit_buffer(inp.initial_states) if inp.want_dinit else None
     args = (dpre, inp.weight, inp.seq_idx, inp.dfinal, dx, dinit, inp.width)
 
     def outputs(res: torch.Tensor) -> dict[str, torch.Tensor]:
         got = {"dx": res.float()}
         if dinit is not None:
-            got["dinitial_states"] = dinit.float()
+            got["dinitial_states"] = dinit[:, :, :inp.width - 1].float()
         return got
 
     def reference(upcast: bool) -> dict[str, torch.Tensor]:
@@ -239,7 +239,7 @@ def _make_bwd_fused_problem(dims: dict[str, int], dtype: torch.dtype, device: to
     inp = ConvInputs({**dims, "has_initial_states": dims["has_initial_states"] or dims["has_dinitial_states"]},
                      dtype, device, seed)
     dx = conv._like(inp.x)
-    dinit = torch.empty_like(inp.initial_states) if inp.want_dinit else None
+    dinit = conv.dinit_buffer(inp.initial_states) if inp.want_dinit else None
     args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit,
             inp.width, inp.silu)
 
@@ -248,7 +248,7 @@ def _make_bwd_fused_problem(dims: dict[str, int], dtype: torch.dtype, device: to
         if inp.bias is not None:
             got["dbias"] = res[2].float()
         if dinit is not None:
-            got["dinitial_states"] = dinit.float()
+            got["dinitial_states"] = dinit[:, :, :inp.width - 1].float()
         return got
 
     n = inp.x.numel()

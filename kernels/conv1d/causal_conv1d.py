@@ -418,12 +418,24 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
 def _like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """An empty (batch, dim, seqlen) tensor in x's layout (channel-last stays channel-last,
     also for a strided view such as a slice of a wider (batch, seqlen, width) tensor), in
-    x's dtype unless `dtype` is given."""
+    x's dtype unless `dtype` is given. Never a view (empty_strided, not a transpose): the
+    autograd Function returns it, and an in-place op on a view among several outputs raises."""
     batch, dim, seqlen = x.shape
     dtype = x.dtype if dtype is None else dtype
     if x.stride(2) != 1 and x.stride(1) == 1:
-        return torch.empty(batch, seqlen, dim, dtype=dtype, device=x.device).transpose(1, 2)
+        return torch.empty_strided((batch, dim, seqlen), (seqlen * dim, 1, dim), dtype=dtype, device=x.device)
     return torch.empty(batch, dim, seqlen, dtype=dtype, device=x.device)
+
+
+def dinit_buffer(initial_states: torch.Tensor) -> torch.Tensor:
+    """The buffer the backward kernels write dinitial_states (batch, dim, width - 1) into: one like
+    initial_states, or at width 2 (batch, dim, 2), whose first column is the gradient (`[..., :1]`).
+    Helion drops a size-1 dim's index from a store's pointer, so at width 2 the dx kernel's store of
+    a [channels, positions] tile got a [channels, 1] pointer, which Triton refuses to compile."""
+    batch, dim, states = initial_states.shape
+    if states > 1:
+        return torch.empty_like(initial_states)
+    return torch.empty(batch, dim, 2, dtype=initial_states.dtype, device=initial_states.device)
 
 
 def conv1d_forward(
@@ -522,7 +534,7 @@ def conv1d_backward(
     dout = _strided(dout)
     if dx is None:
         dx = _like(x)
-    dinit = torch.empty_like(initial_states) if return_dinitial_states else None
+    dinit = dinit_buffer(initial_states) if return_dinitial_states else None
     seq_idx = None if seq_idx is None else seq_idx.contiguous()
     path = bwd_path()
     # The slide kernel steps through positions one row of channels at a time: rows at unit
@@ -534,7 +546,8 @@ def conv1d_backward(
         # their own positions while others write dx there).
         dx, dw, db = runtime.run(CAUSAL_CONV1D_BWD_SLIDE, (x, weight, bias, dout, seq_idx, initial_states,
                                                            dfinal_states, dx, dinit, int(width), bool(silu)))
-        return dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype), dinit
+        return (dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype),
+                None if dinit is None else dinit[:, :, :width - 1])
     # dpre = dout * silu'(pre), fp32 in x's layout: written by the first kernel (with
     # dweight and dbias), read by the second (dx); freed on return.
     dpre = _like(x, torch.float32)
@@ -544,7 +557,7 @@ def conv1d_backward(
     del dpre, _dpre
     dweight = dw.t().to(weight.dtype)
     dbias = None if bias is None else db.to(bias.dtype)
-    return dx, dweight, dbias, dinit
+    return dx, dweight, dbias, None if dinit is None else dinit[:, :, :width - 1]
 
 
 # --- autograd Function -----------------------------------------------------------------
@@ -559,8 +572,9 @@ class CausalConv1dFn(torch.autograd.Function):
         if return_final_states and final_states_out is None:
             batch, dim = x.shape[0], x.shape[1]
             width = weight.shape[-1] if weight.dim() == 2 else 0
-            final_states_out = torch.empty(batch, max(width - 1, 0), dim, dtype=x.dtype,
-                                           device=x.device).transpose(1, 2)
+            # (batch, dim, width - 1) channel-last as causal-conv1d allocates it, not a view.
+            final_states_out = torch.empty_strided((batch, dim, max(width - 1, 0)), (max(width - 1, 0) * dim, 1, dim),
+                                                   dtype=x.dtype, device=x.device)
         if not return_final_states:
             final_states_out = None
         out = conv1d_forward(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
