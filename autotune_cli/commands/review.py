@@ -228,7 +228,7 @@ def searches_command(
     a: Annotated[Path, typer.Argument(metavar="A", help="A bundle (.json).", exists=True, dir_okay=False)],
     b: Annotated[Path, typer.Argument(metavar="B", help="A bundle of the same combos (.json).", exists=True,
                                       dir_okay=False)],
-    pct: Annotated[float, typer.Option(metavar="PCT", min=0, help="How close to the better final best counts "
+    pct: Annotated[float, typer.Option("--pct", metavar="PCT", min=0, help="How close to the better final best counts "
                                        "(percent).")] = 1.0,
 ) -> None:
     """Two searches of the same combos side by side, from their entries' traces (e.g. `tune` with and
