@@ -7,10 +7,10 @@ Layout, next to the bundle `<out>/<sku>/<spec>.json`:
     <out>/<sku>/<spec>.slurm/combos/<id>/       one combo: task.json, job.json (the worker's job),
                                                 result.json (the worker's result), merged.json
 
-Each array task runs `run_task(<combo dir>)`: it exits early when the key is already in the bundle,
-else runs the local executor's worker (`python -m autotune_cli.worker`, the same job and result
-files) and merges the result into the bundle under the bundle's file lock (`<bundle>.lock`;
-`write_bundle` is atomic), then writes merged.json. A task killed after its result was written is
+Each array task runs `autotune_cli.slurm_task.run_task(<combo dir>)`: it exits early when the key
+is already in the bundle, else runs the local executor's worker (`python -m autotune_cli.worker`,
+with the job file `SweepJob.worker_job` writes for both executors) and merges the result into the
+bundle under the bundle's lock, then writes merged.json. A task killed after its result was written is
 merged by `collect` (and by a waiting sweep). A task that ended without a result (preempted, out of
 time, node lost, killed) is recorded with Slurm's reason and submitted once more.
 """
@@ -25,7 +25,6 @@ import math
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,41 +34,30 @@ from rich.console import Console
 from rich.markup import escape
 
 from autotune_cli import environment as env
-from autotune_cli.bundle_lock import bundle_lock
 from autotune_cli.plan import Combo
-from autotune_cli.sweep import (
+from autotune_cli.slurm_task import merge_result, read_json, run_task
+from autotune_cli.sweep_job import (
     ComboResult,
-    Sweep,
     SweepInputError,
+    SweepJob,
     SweepResult,
-    _BundleWriter,
-    _fmt_s,
-    _same_versions,
-    _stale_keys,
     bundle_path_for,
     describe_entry,
+    fmt_s,
+    stale_keys,
 )
-from autotune_cli.tuning import all_kernels
-from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import (
     Bundle,
     BundleError,
     Entry,
     Failure,
-    GpuInfo,
-    KernelProvenance,
-    SpecRef,
-    Versions,
     load_bundle,
 )
-from mamba_tune.sku import GPU_SKUS
 
 STATE_FILE = "state.json"
 # Slurm states in which a task is still queued or running.
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
-# How long a task waits for the bundle's lock before it gives up (a local sweep may hold it).
-MERGE_LOCK_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 2  # the first submission and one retry
 
 
@@ -126,126 +114,6 @@ def save_state(slurm_dir: Path, state: dict[str, Any]) -> None:
     tmp = slurm_dir / f".{STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
     os.replace(tmp, slurm_dir / STATE_FILE)
-
-
-# --- one array task ---------------------------------------------------------------------
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _task_environment(task: dict[str, Any]) -> tuple[GpuInfo, Versions]:
-    if task["cpu_dry_run"]:
-        return env.CPU_DRY_RUN_GPU, env.versions(with_driver=False)
-    if env.cuda_device_count() == 0:
-        raise SweepInputError("no CUDA GPU in this Slurm task (ask for one with --slurm-gpus-per-task)")
-    gpu = env.gpu_info(0)
-    want = GPU_SKUS[task["target_sku"]]
-    if (gpu.sku != want.sku or gpu.arch != want.arch) and not task["allow_gpu_mismatch"]:
-        raise SweepInputError(f"the spec targets {want.sku} ({want.arch}) but this task's GPU is {gpu.name} "
-                              f"({gpu.arch}); pass --allow-gpu-mismatch to tune for it anyway")
-    return gpu, env.versions()
-
-
-def record_from_result(task: dict[str, Any], result: dict[str, Any], log: str
-                       ) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
-    """The bundle record for a worker's result file (the format autotune_cli.worker writes)."""
-    if "error" in result:
-        failure = Failure(kernel=task["kernel"], dims=task["dims"], dtype=task["dtype"],
-                          reason=f"{result['error']} (log: {log})", at=env.now())
-        return None, failure, None
-    kernel = KernelProvenance.model_validate(result["kernel"])
-    if result["entry"] is not None:
-        return Entry.model_validate(result["entry"]), None, kernel
-    return None, Failure.model_validate(result["failure"]), kernel
-
-
-def merge_result(combo_dir: Path, log: str = "") -> dict[str, Any]:
-    """Merge a combo's result.json into its bundle under the bundle's lock; write merged.json.
-    Returns merged.json's content: {"outcome": "entry" | "failure" | "kept" | "error", ...}."""
-    task = json.loads((combo_dir / "task.json").read_text())
-    result = _read_json(combo_dir / "result.json")
-    if result is None:
-        raise FileNotFoundError(f"{combo_dir / 'result.json'}: no result to merge")
-    bundle_path = Path(task["bundle"])
-    try:
-        entry, failure, kprov = record_from_result(task, result, log or task.get("log", ""))
-        spec = SpecRef.model_validate(task["spec"]) if task.get("spec") else None
-        with bundle_lock(bundle_path, timeout=MERGE_LOCK_TIMEOUT_S):
-            bundle = load_bundle(bundle_path) if bundle_path.exists() else None
-            if "gpu" in result:  # what the task ran on
-                gpu, versions = GpuInfo.model_validate(result["gpu"]), Versions.model_validate(result["versions"])
-            elif bundle is not None:  # a failure the submitter records (the task died): the bundle's own
-                gpu, versions = bundle.provenance.gpu, bundle.provenance.versions
-            else:
-                gpu, versions = _task_environment(task)
-            if bundle is not None:
-                old = bundle.provenance
-                if old.gpu.name != gpu.name or not _same_versions(old.versions, versions):
-                    raise SweepInputError(
-                        f"{bundle_path} holds {old.gpu.name} with helion {old.versions.helion}, torch "
-                        f"{old.versions.torch}; this task ran on {gpu.name} with helion {versions.helion}, torch "
-                        f"{versions.torch}: not merged (result kept in {combo_dir})")
-            if bundle is not None and task["key"] in bundle.entries and entry is None:
-                outcome = {"outcome": "kept", "reason": "the bundle already has an entry for this key"}
-            else:
-                _BundleWriter(bundle_path, bundle, gpu, versions, spec).save(entry, failure, kprov)
-                outcome = ({"outcome": "entry", "tuned_ms": entry.timing.tuned_ms} if entry is not None
-                           else {"outcome": "failure", "reason": failure.reason if failure else "?"})
-    except (SweepInputError, BundleError, ValueError, KeyError) as e:
-        outcome = {"outcome": "error", "reason": str(e)}
-    outcome["at"] = env.now()
-    tmp = combo_dir / ".merged.json.tmp"
-    tmp.write_text(json.dumps(outcome))
-    os.replace(tmp, combo_dir / "merged.json")
-    return outcome
-
-
-def run_task(combo_dir_text: str) -> str:
-    """One array task (runs on the compute node, pickled by submitit): tune one combo with the
-    local executor's worker and merge its result into the bundle."""
-    combo_dir = Path(combo_dir_text)
-    task = json.loads((combo_dir / "task.json").read_text())
-    bundle_path = Path(task["bundle"])
-    if not task["force"] and bundle_path.exists():
-        try:
-            if task["key"] in load_bundle(bundle_path).entries:
-                print(f"{task['key']}: already in {bundle_path}; nothing to do", flush=True)
-                merged = {"outcome": "kept", "reason": "already in the bundle", "at": env.now()}
-                (combo_dir / "merged.json").write_text(json.dumps(merged))
-                return "kept"
-        except BundleError:
-            pass
-    log = os.environ.get("SUBMITIT_LOG", task.get("log", ""))
-    if _read_json(combo_dir / "result.json") is None:
-        try:
-            gpu, versions = _task_environment(task)
-        except SweepInputError as e:
-            result: dict[str, Any] = {"error": str(e)}
-        else:
-            child_env = dict(os.environ)
-            root = str(Path(__file__).resolve().parent.parent)
-            child_env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [child_env.get("PYTHONPATH")])])
-            child_env["PYTHONUNBUFFERED"] = "1"
-            if task["cpu_dry_run"]:
-                child_env["HELION_INTERPRET"] = "1"
-            print(f"tuning {task['label']} (worker: python -m autotune_cli.worker)", flush=True)
-            rc = subprocess.call([sys.executable, "-m", "autotune_cli.worker", str(combo_dir / "job.json"),
-                                  str(combo_dir / "result.json.worker"), str(combo_dir / "status.json")],
-                                 env=child_env)
-            result = _read_json(combo_dir / "result.json.worker") or \
-                {"error": f"worker exited with code {rc} and no result"}
-            result["gpu"] = gpu.model_dump(mode="json")
-            result["versions"] = versions.model_dump(mode="json")
-        tmp = combo_dir / ".result.json.tmp"
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, combo_dir / "result.json")
-    outcome = merge_result(combo_dir, log)
-    print(f"{task['key']}: {outcome}", flush=True)
-    return str(outcome["outcome"])
 
 
 # --- Slurm's view -----------------------------------------------------------------------
@@ -314,20 +182,21 @@ def task_log(folder: Path, job_id: str) -> Path:
 class SlurmSweep:
     """Submit a sweep's missing combos as one array; by default wait for it with progress."""
 
-    def __init__(self, sweep: Sweep, options: SlurmOptions) -> None:
-        self.sweep = sweep
+    def __init__(self, job: SweepJob, options: SlurmOptions, console: Console) -> None:
+        self.job = job
         self.opt = options
-        self.console: Console = sweep.console
-        sku = "cpu" if sweep.opt.cpu_dry_run else sweep.target_sku
-        self.bundle_path = bundle_path_for(sweep.opt.out_dir, sku, sweep.bundle_name)
+        self.console = console
+        sku = "cpu" if job.options.cpu_dry_run else job.target_sku
+        self.bundle_path = bundle_path_for(job.options.out_dir, sku, job.bundle_name)
         self.dir = slurm_dir_for(self.bundle_path)
         self.logs = self.dir / "logs"
-        self.by_key = {c.key: c for c in sweep.combos}
+        self.by_key = {c.key: c for c in job.combos}
 
     # The bundle as the submitter sees it.
     def _bundle(self) -> tuple[Bundle | None, set[str]]:
-        if self.sweep.opt.cpu_dry_run:
-            return self.sweep._existing(self.bundle_path, env.CPU_DRY_RUN_GPU, env.versions(with_driver=False))
+        if self.job.options.cpu_dry_run:
+            return self.job.existing(self.bundle_path, env.CPU_DRY_RUN_GPU, env.versions(with_driver=False),
+                                     self.console)
         if not self.bundle_path.exists():
             return None, set()
         try:
@@ -335,12 +204,12 @@ class SlurmSweep:
         except BundleError as e:
             raise SweepInputError(f"cannot resume: {e}; fix it, move it away, or choose another -o") from None
         stale: set[str] = set()
-        for keys in _stale_keys(bundle).values():
+        for keys in stale_keys(bundle).values():
             stale |= keys
         return bundle, stale
 
     def _time_limit_s(self) -> float:
-        return self.sweep._timeout()
+        return self.job.timeout_s()
 
     def _executor(self) -> Any:
         try:
@@ -350,9 +219,9 @@ class SlurmSweep:
         ex = submitit.SlurmExecutor(folder=self.logs, max_num_timeout=0)
         gpus = self.opt.gpus_per_task
         if gpus is None:
-            gpus = 0 if self.sweep.opt.cpu_dry_run else 1
+            gpus = 0 if self.job.options.cpu_dry_run else 1
         params: dict[str, Any] = {
-            "job_name": f"mamba-tune-{self.sweep.bundle_name}",
+            "job_name": f"mamba-tune-{self.job.bundle_name}",
             "time": time_limit_minutes(self._time_limit_s()),
             # Slurm's warning (USR2) before the limit: submitit ends the task on it (recorded, retried once).
             "signal_delay_s": int(max(10, min(90, self._time_limit_s() / 4))),
@@ -376,24 +245,18 @@ class SlurmSweep:
         d.mkdir(parents=True, exist_ok=True)
         for name in ("result.json", "result.json.worker", "merged.json", "status.json"):
             (d / name).unlink(missing_ok=True)
-        s = self.sweep
-        # The search starts from this key's config and the nearest tuned shapes' (warm_start).
-        tk = all_kernels()[combo.kernel]
-        warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype,
-                            [*filter(None, [bundle]), *warm_bundles], across=tk.seed_across)
-        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
-               "budget": s.budget.model_dump(), "tolerance": s.tolerances[combo.dtype].model_dump()}
-        (d / "job.json").write_text(json.dumps(job))
+        j, o = self.job, self.job.options
+        (d / "job.json").write_text(json.dumps(j.worker_job(combo, [*filter(None, [bundle]), *warm_bundles])))
         task = {"key": combo.key, "label": combo.label(), "kernel": combo.kernel, "dims": combo.dims,
                 "dtype": combo.dtype, "bundle": str(self.bundle_path.resolve()),
-                "cpu_dry_run": s.opt.cpu_dry_run, "target_sku": s.target_sku,
-                "allow_gpu_mismatch": s.opt.allow_gpu_mismatch, "force": s.opt.force,
-                "spec": s.spec_ref.model_dump(mode="json") if s.spec_ref else None}
+                "cpu_dry_run": o.cpu_dry_run, "target_sku": j.target_sku,
+                "allow_gpu_mismatch": o.allow_gpu_mismatch, "force": o.force,
+                "spec": j.spec_ref.model_dump(mode="json") if j.spec_ref else None}
         (d / "task.json").write_text(json.dumps(task))
         return d
 
     def _submit(self, combos: list[Combo], bundle: Bundle | None, state: dict[str, Any], why: str) -> str:
-        warm_bundles = self.sweep.warm_bundles(self.bundle_path.parent.name)
+        warm_bundles = self.job.warm_bundles(self.bundle_path.parent.name)
         dirs = [str(self._prepare(c, bundle, warm_bundles).resolve()) for c in combos]
         ex = self._executor()
         try:
@@ -413,18 +276,14 @@ class SlurmSweep:
         private_dir(self.dir)
         private_dir(self.logs)
         bundle, stale = self._bundle()
-        done = set() if bundle is None else set(bundle.entries)
-        s = self.sweep
-        todo = [c for c in s.combos if s.opt.force or c.key not in done or c.key in stale]
-        results = [ComboResult(c, bundle.entries[c.key] if bundle else None, None, 0.0, skipped=True)
-                   for c in s.combos if c not in todo]
+        todo, results = self.job.todo(bundle, stale)
         with FileLock(str(self.dir / f"{STATE_FILE}.lock"), timeout=60):
             state = load_state(self.dir)
             active = self._active(state)
             in_flight = [c for c in todo if c.key in active]
             submit = [c for c in todo if c.key not in active]
             self.console.print(
-                f"sweep {s.bundle_name} (slurm): {len(s.combos)} combos, {len(results)} already in "
+                f"sweep {self.job.bundle_name} (slurm): {len(self.job.combos)} combos, {len(results)} already in "
                 f"{self.bundle_path}, {len(in_flight)} still queued or running, {len(submit)} to submit")
             if submit:
                 array_id = self._submit(submit, bundle, state, "sweep")
@@ -464,12 +323,12 @@ class SlurmSweep:
                 for key, (entry, failure, line) in ended.items():
                     combo = pending.pop(key)
                     results_line = f"[{total - len(pending)}/{total}] {combo.label()}: {line}; elapsed " \
-                                   f"{_fmt_s(now - t0)}, ETA {_eta(now - t0, total - len(pending), len(pending))}"
+                                   f"{fmt_s(now - t0)}, ETA {_eta(now - t0, total - len(pending), len(pending))}"
                     self.console.print(results_line)
                     if entry is not None or failure is not None:
                         results.append(ComboResult(combo, entry, failure, now - t0))
                 counts = _count(state, pending)
-                line = (f"[{total - len(pending)}/{total}] elapsed {_fmt_s(now - t0)} ETA "
+                line = (f"[{total - len(pending)}/{total}] elapsed {fmt_s(now - t0)} ETA "
                         f"{_eta(now - t0, total - len(pending), len(pending))} | "
                         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
                 status.update(line)
@@ -494,8 +353,8 @@ class SlurmSweep:
                 attempt["state"] = q[jid]
                 continue
             d = self.dir / "combos" / combo_dir_name(key)
-            merged = _read_json(d / "merged.json")
-            if merged is None and _read_json(d / "result.json") is not None:
+            merged = read_json(d / "merged.json")
+            if merged is None and read_json(d / "result.json") is not None:
                 merged = merge_result(d, str(task_log(self.logs, jid)))
                 merged["collected"] = True
             if merged is not None:
@@ -567,7 +426,7 @@ def _eta(elapsed: float, finished: int, remaining: int) -> str:
     """From the array's throughput so far; unknown before the first combo ends."""
     if not remaining:
         return "0m00s"
-    return _fmt_s(elapsed / finished * remaining) if finished else "?"
+    return fmt_s(elapsed / finished * remaining) if finished else "?"
 
 
 def _count(state: dict[str, Any], pending: dict[str, Combo]) -> dict[str, int]:

@@ -29,36 +29,31 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.status import Status
-from rich.text import Text
 
 from autotune_cli import environment as env
 from autotune_cli.bundle_lock import BundleBusy, bundle_lock
-from autotune_cli.plan import Combo, estimate_seconds_for
-from autotune_cli.search_trace import seconds_to_within
-from autotune_cli.spec import Budget, Tolerance
-from autotune_cli.tuning import all_kernels
-from autotune_cli.warm_start import warm_configs
-from autotune_cli.worker import INBOX_JOB, STACKS_SIGNAL, format_phases
+from autotune_cli.plan import Combo
+from autotune_cli.sweep_job import (
+    BundleWriter,
+    ComboResult,
+    SweepInputError,
+    SweepJob,
+    SweepResult,
+    bundle_path_for,
+    fmt_s,
+)
+from autotune_cli.sweep_progress import Progress
+from autotune_cli.worker import INBOX_JOB, STACKS_SIGNAL
 from mamba_tune.bundle import (
     Bundle,
-    BundleError,
     Entry,
     Failure,
     GpuInfo,
     KernelProvenance,
-    Provenance,
-    SpecRef,
     Versions,
-    load_bundle,
     temp_prefix,
-    write_bundle,
 )
 from mamba_tune.sku import GPU_SKUS
-
-
-class SweepInputError(Exception):
-    """Bad input or environment: exit code 2, nothing written."""
 
 
 class SweepTerminated(BaseException):
@@ -88,73 +83,10 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 TMP_PREFIX = "mamba-tune-sweep-"
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepOptions:
-    out_dir: Path
-    force: bool = False
-    gpus: list[int] | None = None
-    allow_gpu_mismatch: bool = False
-    cpu_dry_run: bool = False
-    log_dir: Path = Path(".mamba-tune/logs")
-    timeout_s: float | None = None
-    # Only part of the spec's combos (--kernel / --origin): the rest of the bundle must stay.
-    partial: bool = False
-    # Bundles whose entries seed the searches too (--warm-start), beside the one being written.
-    warm_start: tuple[Path, ...] = ()
-    # A new worker process per combo (--fresh-workers) instead of one kept warm per GPU.
-    fresh_workers: bool = False
-
-
-@dataclasses.dataclass
-class ComboResult:
-    combo: Combo
-    entry: Entry | None
-    failure: Failure | None
-    seconds: float
-    skipped: bool = False
-
-
-@dataclasses.dataclass
-class SweepResult:
-    bundle_path: Path
-    results: list[ComboResult]
-
-    @property
-    def failed(self) -> list[ComboResult]:
-        return [r for r in self.results if r.failure is not None]
-
-
-def bundle_path_for(out_dir: Path, sku: str, name: str) -> Path:
-    """OUT/SKU/NAME.json; a name that could leave OUT (`spec.name_problem`) is SweepInputError."""
-    from autotune_cli.spec import name_problem
-
-    if why := name_problem(name):
-        raise SweepInputError(f"bundle name {why}")
-    return out_dir / sku / f"{name}.json"
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     # Linux: SIGKILL the worker when the sweep process dies, even by SIGKILL.
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def describe_entry(e: Entry) -> str:
-    t = e.timing
-    text = f"{t.tuned_ms:.4f} ms (default {t.default_ms:.4f} ms, {e.speedup.vs_default:.2f}x"
-    if t.baseline_ms is not None and e.speedup.vs_baseline is not None:
-        text += f"; {t.baseline} {t.baseline_ms:.4f} ms, {e.speedup.vs_baseline:.2f}x"
-    within = seconds_to_within(e.search.trace or [], 1.0)
-    if within is not None:
-        text += f"; the search within 1% of its best at {within:.0f} s of {e.search.seconds:.0f} s"
-    return text + ")"
 
 
 # Helion runs a config first in its own process only in this precompile mode.
@@ -207,25 +139,11 @@ class _Idle:
 
 
 class Sweep:
-    def __init__(
-        self,
-        combos: list[Combo],
-        *,
-        budget: Budget,
-        tolerances: dict[str, Tolerance],
-        target_sku: str,
-        bundle_name: str,
-        spec_ref: SpecRef | None,
-        options: SweepOptions,
-        console: Console,
-    ) -> None:
-        self.combos = combos
-        self.budget = budget
-        self.tolerances = tolerances
-        self.target_sku = target_sku
-        self.bundle_name = bundle_name
-        self.spec_ref = spec_ref
-        self.opt = options
+    """The local executor: runs a `SweepJob` on this machine's GPUs (or its CPU, dry run)."""
+
+    def __init__(self, job: SweepJob, console: Console) -> None:
+        self.job = job
+        self.opt = job.options
         self.console = console
         # Warm workers between combos, by GPU slot (`_start`, `_reap`).
         self._idle: dict[int | None, _Idle] = {}
@@ -252,7 +170,7 @@ class Sweep:
         if len(names) > 1:
             raise SweepInputError(f"--gpus mixes GPU models ({', '.join(sorted(names))}): one sweep, one SKU")
         gpu = infos[gpus[0]]
-        want = GPU_SKUS[self.target_sku]
+        want = GPU_SKUS[self.job.target_sku]
         if (gpu.sku != want.sku or gpu.arch != want.arch) and not self.opt.allow_gpu_mismatch:
             raise SweepInputError(
                 f"the spec targets {want.sku} ({want.arch}) but this GPU is {gpu.name} ({gpu.arch}); "
@@ -260,85 +178,14 @@ class Sweep:
             )
         return gpu, env.versions(), list(gpus)
 
-    def _existing(self, path: Path, gpu: GpuInfo, versions: Versions) -> tuple[Bundle | None, set[str]]:
-        """The bundle to resume, and the keys in it that must be re-tuned (stale)."""
-        bundle = self._resumable(path, gpu, versions)
-        if bundle is None:
-            return None, set()
-        planned = {c.key for c in self.combos}
-        if not _same_versions(bundle.provenance.versions, versions):
-            # Only with --force on the whole spec (`_resumable` refuses the rest).
-            for key in sorted(set(bundle.entries) - planned):
-                self.console.print(f"[yellow]dropping {escape(key)}: tuned with other versions and not in this spec")
-            bundle = bundle.model_copy(update={
-                "entries": {k: v for k, v in bundle.entries.items() if k in planned},
-                "failures": {k: v for k, v in bundle.failures.items() if k in planned},
-            })
-        stale: set[str] = set()
-        for name, keys in _stale_keys(bundle).items():
-            self.console.print(f"[yellow]{escape(f'{name} changed since {path} was tuned')}: {len(keys)} entries are stale")
-            stale |= keys
-            # Stale entries outside this spec would keep a provenance that no longer holds.
-            drop = keys - planned
-            if drop:
-                for key in sorted(drop):
-                    self.console.print(f"[yellow]dropping stale {escape(key)}: not in this spec")
-                bundle = bundle.model_copy(
-                    update={"entries": {k: v for k, v in bundle.entries.items() if k not in drop}})
-        # (With --force every combo is re-tuned anyway; a CPU dry run records ref-mode
-        # placeholders, which no compiled kernel would take.)
-        if not self.opt.force and not self.opt.cpu_dry_run:
-            for key, why in _rejected_configs(bundle, planned - stale).items():
-                self.console.print(f"[yellow]{escape(key)}: Helion rejects its config ({escape(why)}); re-tuning it")
-                stale.add(key)
-        return bundle, stale
-
-    def _resumable(self, path: Path, gpu: GpuInfo, versions: Versions) -> Bundle | None:
-        """The bundle at `path` if this run may resume it (None: there is none); else SweepInputError."""
-        if not path.exists():
-            return None
-        try:
-            bundle = load_bundle(path)
-        except BundleError as e:
-            raise SweepInputError(f"cannot resume: {e}; fix it, move it away, or choose another -o") from None
-        old = bundle.provenance.gpu
-        if (old.name, old.compute_capability) != (gpu.name, gpu.compute_capability):
-            raise SweepInputError(
-                f"{path} was tuned on {old.name} (sm {old.compute_capability}); this is {gpu.name} "
-                f"(sm {gpu.compute_capability}): use another -o"
-            )
-        ov = bundle.provenance.versions
-        if not _same_versions(ov, versions):
-            tuned_with = (f"{path} was tuned with helion {ov.helion}, torch {ov.torch}, triton {ov.triton}; this is "
-                          f"helion {versions.helion}, torch {versions.torch}, triton {versions.triton}")
-            if self.opt.partial:
-                # One bundle holds one set of versions: re-tuning part of it would have to drop
-                # the rest, which a filtered run must not do.
-                raise SweepInputError(f"{tuned_with}. A bundle holds one set of versions: re-tune the whole spec "
-                                      "(no --kernel/--origin) with --force, or use another -o")
-            if not self.opt.force:
-                raise SweepInputError(f"{tuned_with}. Pass --force to re-tune every combo of the spec "
-                                      "(entries outside it are dropped)")
-        return bundle
-
     # --- workers ----------------------------------------------------------------------
 
-    def _timeout(self) -> float:
-        if self.opt.timeout_s is not None:
-            return self.opt.timeout_s
-        from autotune_cli.plan import EFFORT_SECONDS
-
-        search = float(self.budget.seconds_per_combo or EFFORT_SECONDS[self.budget.effort])
-        return 2 * search + 600
-
     def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
-               warm_start: list[dict[str, Any]] | None = None, isolated: bool = False) -> _Running:
+               job: dict[str, Any], isolated: bool = False) -> _Running:
         tag = "-isolated" if isolated else ""
         workdir = _new_dir(tmp / f"combo-{index:04d}{tag}")
-        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm_start,
-               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump(),
-               "spawned_at": time.time()}  # the worker's "start" phase counts from here
-        (workdir / "job.json").write_text(json.dumps(job))
+        # The worker's "start" phase counts from spawned_at.
+        (workdir / "job.json").write_text(json.dumps({**job, "spawned_at": time.time()}))
         # The run's stamp first: the next run's logs (numbered from 0001 again) keep these.
         log_path = log_dir / f"{self._run_stamp}-{index:04d}-{combo.kernel}{tag}.log"
         # A warm worker for the slot takes the combo (an isolated retry, or --fresh-workers, gets
@@ -351,7 +198,7 @@ class Sweep:
             log_path.write_bytes(b"")
             self._hand_off(idle.inbox, workdir, log_path)
             now = time.monotonic()
-            return _Running(combo, index, slot, idle.proc, workdir, log_path, now, now + self._timeout(),
+            return _Running(combo, index, slot, idle.proc, workdir, log_path, now, now + self.job.timeout_s(),
                             isolated, idle.inbox)
         if idle is not None:  # it died while idle: reaped here, replaced below
             idle.proc.wait()
@@ -379,7 +226,7 @@ class Sweep:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         now = time.monotonic()
-        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self._timeout(), isolated, inbox)
+        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self.job.timeout_s(), isolated, inbox)
 
     @staticmethod
     def _hand_off(inbox: Path, workdir: Path, log_path: Path) -> None:
@@ -425,7 +272,7 @@ class Sweep:
                                  at=env.now()), None
 
         if timed_out:
-            return fail(f"worker timed out after {_fmt_s(self._timeout())}; its threads' stacks at that moment are "
+            return fail(f"worker timed out after {fmt_s(self.job.timeout_s())}; its threads' stacks at that moment are "
                         f"at the end of the log (log: {run.log_path})")
         if result is None:
             tail = _tail(run.log_path)
@@ -441,8 +288,8 @@ class Sweep:
 
     def run(self) -> SweepResult:
         gpu, versions, slots = self._environment()
-        warm = self.warm_bundles(gpu.sku)  # bad input fails before anything is written
-        path = bundle_path_for(self.opt.out_dir, gpu.sku, self.bundle_name)
+        warm = self.job.warm_bundles(gpu.sku)  # bad input fails before anything is written
+        path = bundle_path_for(self.opt.out_dir, gpu.sku, self.job.bundle_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as held:
             try:
@@ -460,27 +307,24 @@ class Sweep:
 
     def _run_locked(self, path: Path, gpu: GpuInfo, versions: Versions, slots: list[int | None],
                     warm: list[Bundle]) -> SweepResult:
-        bundle, stale = self._existing(path, gpu, versions)
+        bundle, stale = self.job.existing(path, gpu, versions, self.console)
         _raise_if_stopped()
-        done = set() if bundle is None else set(bundle.entries)
-        todo = [c for c in self.combos if self.opt.force or c.key not in done or c.key in stale]
-        skipped = [c for c in self.combos if c not in todo]
-        results = [ComboResult(c, bundle.entries[c.key] if bundle else None, None, 0.0, skipped=True) for c in skipped]
+        todo, results = self.job.todo(bundle, stale)
         con = self.console
         where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
             f"{gpu.name} x{len(slots)}"
-        con.print(f"sweep {self.bundle_name}: {len(self.combos)} combos, {len(skipped)} already in {path}, "
+        con.print(f"sweep {self.job.bundle_name}: {len(self.job.combos)} combos, {len(results)} already in {path}, "
                   f"{len(todo)} to tune on {where}", markup=False)
         if not todo:
             return SweepResult(path, results)
 
-        log_dir = self.opt.log_dir / gpu.sku / self.bundle_name
+        log_dir = self.opt.log_dir / gpu.sku / self.job.bundle_name
         log_dir.mkdir(parents=True, exist_ok=True)
-        writer = _BundleWriter(path, bundle, gpu, versions, self.spec_ref)
+        writer = BundleWriter(path, bundle, gpu, versions, self.job.spec_ref)
         queue = [(i, c, False) for i, c in enumerate(todo, start=1)]
         running: list[_Running] = []
         free: list[int | None] = list(slots)
-        progress = _Progress(con, len(todo), len(slots), self.budget)
+        progress = Progress(con, len(todo), len(slots), self.job.budget)
 
         # (A worker still writing into the folder may defeat its removal: the next start removes it.)
         with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmpdir, \
@@ -526,27 +370,10 @@ class Sweep:
         """Start queued combos (index, combo, isolated) while a GPU slot is free; each search
         starts from its key's config and the nearest tuned shapes' (`warm_start`) in `bundles`:
         the bundle as written so far, then the --warm-start ones."""
-        kernels = all_kernels()
         while queue and free:
             i, combo, isolated = queue.pop(0)
             slot = free.pop(0)
-            tk = kernels[combo.kernel]
-            warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles, across=tk.seed_across)
-            running.append(self._start(combo, i, slot, tmp, log_dir, warm, isolated))
-
-    def warm_bundles(self, sku: str) -> list[Bundle]:
-        """The --warm-start bundles, each tuned on `sku`, this sweep's (SweepInputError if not)."""
-        out = []
-        for path in self.opt.warm_start:
-            try:
-                bundle = load_bundle(path)
-            except BundleError as e:  # it names the file
-                raise SweepInputError(f"--warm-start: {str(e).splitlines()[0]}") from None
-            if bundle.provenance.gpu.sku != sku:
-                raise SweepInputError(f"--warm-start {path}: tuned on {bundle.provenance.gpu.sku}, this sweep tunes "
-                                      f"on {sku} (configs from another GPU are no starting point)")
-            out.append(bundle)
-        return out
+            running.append(self._start(combo, i, slot, tmp, log_dir, self.job.worker_job(combo, bundles), isolated))
 
     def _reap(self, running: list[_Running], free: list[int | None], now: float
               ) -> Iterator[tuple[_Running, bool, dict[str, Any] | None]]:
@@ -664,137 +491,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-def _same_versions(a: Versions, b: Versions) -> bool:
-    return (a.helion, a.torch, a.triton) == (b.helion, b.torch, b.triton)
-
-
-def _stale_keys(bundle: Bundle) -> dict[str, set[str]]:
-    """Kernel -> its entry keys, for each kernel whose source changed since the bundle tuned it."""
-    kernels = all_kernels()
-    stale: dict[str, set[str]] = {}
-    for name, prov in bundle.provenance.kernels.items():
-        tk = kernels.get(name)
-        if tk is not None and prov.source_sha256 != tk.source_sha256():
-            stale[name] = {k for k, e in bundle.entries.items() if e.kernel == name}
-    return stale
-
-
-def _rejected_configs(bundle: Bundle, keys: set[str]) -> dict[str, str]:
-    """Key -> why, for the entries among `keys` whose config Helion rejects at their dims
-    (an unknown key, a wrong length, an impossible value): such an entry is not done."""
-    from autotune_cli.lowering import config_problem
-
-    kernels = all_kernels()
-    rejected: dict[str, str] = {}
-    for key in sorted(keys & bundle.entries.keys()):
-        entry = bundle.entries[key]
-        tk = kernels.get(entry.kernel)
-        why = None if tk is None else config_problem(tk, entry)
-        if why is not None:
-            rejected[key] = why
-    return rejected
-
-
-class _BundleWriter:
-    """Persistence: each finished combo's entry or failure goes into the bundle at once,
-    rewritten atomically, with the provenance brought up to date."""
-
-    def __init__(self, path: Path, bundle: Bundle | None, gpu: GpuInfo, versions: Versions,
-                 spec_ref: SpecRef | None) -> None:
-        self.path = path
-        self.bundle = bundle
-        self.gpu = gpu
-        self.versions = versions
-        self.spec_ref = spec_ref
-        self.created = bundle.provenance.created if bundle else env.now()
-        self.kernels: dict[str, KernelProvenance] = dict(bundle.provenance.kernels) if bundle else {}
-
-    def save(self, entry: Entry | None, failure: Failure | None, kprov: KernelProvenance | None) -> None:
-        stamp = env.now()
-        if kprov is not None:
-            name = (entry or failure).kernel  # type: ignore[union-attr]
-            old = self.kernels.get(name)
-            if old is not None and old.source_sha256 != kprov.source_sha256 and self.bundle is not None:
-                # The kernel's record moves to its new source: its entries tuned on the old one
-                # (stale, queued for re-tuning) would pass for fresh under it, and a failed
-                # re-tune would leave one to run (seen on the H200). They go; the failure or the
-                # new entry takes the key.
-                self.bundle = self.bundle.model_copy(
-                    update={"entries": {k: e for k, e in self.bundle.entries.items() if e.kernel != name}})
-            if old is None or old.source_sha256 != kprov.source_sha256:
-                # Same source: the record stays as it is (one from before per-entry config-space
-                # fingerprints keeps its fingerprint, which describes an entry still here).
-                self.kernels[name] = kprov
-        prov = Provenance(tool_version=env.tool_version(), git_sha=env.git_sha(), created=self.created,
-                          updated=stamp, gpu=self.gpu, versions=self.versions, spec=self.spec_ref,
-                          kernels=dict(self.kernels))
-        cur = self.bundle or Bundle(provenance=prov)
-        cur = cur.model_copy(update={"provenance": prov})
-        cur = cur.with_entry(entry, updated=stamp) if entry is not None else cur.with_failure(failure, updated=stamp)  # type: ignore[arg-type]
-        write_bundle(cur, self.path)
-        self.bundle = cur
-
-
-class _Progress:
-    """Progress on the console: a line per finished combo, a status line for the running
-    ones (printed once a minute where the console is not a terminal), the ETA."""
-
-    def __init__(self, console: Console, total: int, nslots: int, budget: Budget) -> None:
-        self.console = console
-        self.total = total
-        self.nslots = nslots
-        self.budget = budget
-        self.t0 = time.monotonic()
-        self.durations: list[float] = []
-        self.finished = 0
-        self.last_note = 0.0
-
-    def eta(self) -> str:
-        remaining = self.total - self.finished
-        if not remaining:
-            return "0m00s"
-        # Until a combo finishes, the plan's estimate for this budget.
-        per = (sum(self.durations) / len(self.durations)) if self.durations else estimate_seconds_for(self.budget)
-        return _fmt_s(per * remaining / self.nslots)
-
-    def combo_done(self, run: _Running, entry: Entry | None, failure: Failure | None, now: float,
-                   phases: dict[str, float] | None = None) -> float:
-        """Count a finished combo and print its line (with where its time went, when the
-        worker said: `worker_phases`, and the rest: the sweep's polling and file handling);
-        returns how long it took."""
-        took = now - run.started
-        self.durations.append(took)
-        self.finished += 1
-        head = f"[{self.finished}/{self.total}] {escape(run.combo.label())}"
-        spent = ""
-        if phases:
-            spent = f" ({escape(format_phases(phases))}, rest {max(0.0, took - sum(phases.values())):.1f}s)"
-        if entry is not None:
-            self.console.print(f"{head}: [green]ok[/] {escape(describe_entry(entry))} in {_fmt_s(took)}{spent}; "
-                               f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
-        else:
-            self.console.print(f"{head}: [red]FAILED[/] {escape(failure.reason if failure else '?')}{spent}; "
-                               f"elapsed {_fmt_s(now - self.t0)}, ETA {self.eta()}")
-        return took
-
-    def show(self, status: Status, running: list[_Running], now: float) -> None:
-        """The status line: each running combo's phase, time and best so far."""
-        parts = []
-        for run in running:
-            st = run.status()
-            best = st.get("best_ms")
-            parts.append(
-                f"{run.combo.kernel} {st.get('phase', 'starting')} {_fmt_s(now - run.started)}"
-                + (f" best {best:.4f} ms" if isinstance(best, (int, float)) else "")
-                + (f" ({st['configs']} configs)" if st.get("configs") else ""))
-        line = (f"[{self.finished}/{self.total}] elapsed {_fmt_s(now - self.t0)} ETA {self.eta()} | "
-                + "; ".join(parts))
-        status.update(Text(line))  # plain text: the status file is a worker's data
-        if not self.console.is_terminal and now - self.last_note > 60:
-            self.console.print(line, markup=False)
-            self.last_note = now
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -168,7 +168,7 @@ def test_searches_says_which_came_within_one_percent_sooner(tmp_path: Path) -> N
 
 
 def test_the_sweeps_combo_line_says_when_the_search_came_within_one_percent() -> None:
-    from autotune_cli.sweep import describe_entry
+    from autotune_cli.sweep_job import describe_entry
 
     e = entry()
     assert "within 1%" not in describe_entry(e)

@@ -202,7 +202,7 @@ def test_the_task_folder_is_made_private_and_must_be_this_users(tmp_path):
     """No cluster needed: the .slurm folder (submitit's pickles, run by the tasks) is 0700,
     also when it was there before with a wider mode; a link there is refused."""
     from autotune_cli.slurm import private_dir
-    from autotune_cli.sweep import SweepInputError
+    from autotune_cli.sweep_job import SweepInputError
 
     d = tmp_path / "out" / "cpu" / "tiny.slurm"
     d.mkdir(parents=True, mode=0o777)

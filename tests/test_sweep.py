@@ -251,7 +251,7 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
 
     from autotune_cli.plan import plan
     from autotune_cli.spec import load_spec
-    from autotune_cli.sweep import Sweep, SweepOptions
+    from autotune_cli.sweep_job import SweepJob, SweepOptions
     from mamba_tune.bundle import write_bundle
 
     spec = load_spec(small_spec(tmp_path))
@@ -261,9 +261,9 @@ def test_resume_re_tunes_entries_whose_config_helion_rejects(tmp_path):
     path = tmp_path / "h200" / "tiny.json"
     write_bundle(bundle(good, bad), path)
     out = io.StringIO()
-    sweep = Sweep(combos, budget=spec.budget, tolerances=spec.tolerances, target_sku="h200", bundle_name="tiny",
-                  spec_ref=None, options=SweepOptions(out_dir=tmp_path), console=Console(file=out, width=400))
-    resumed, stale = sweep._existing(path, H200, VERSIONS)
+    job = SweepJob(combos, budget=spec.budget, tolerances=spec.tolerances, target_sku="h200", bundle_name="tiny",
+                   spec_ref=None, options=SweepOptions(out_dir=tmp_path))
+    resumed, stale = job.existing(path, H200, VERSIONS, Console(file=out, width=400))
     assert resumed is not None and set(resumed.entries) == {good.key, bad.key}
     assert stale == {bad.key}
     assert f"{bad.key}: Helion rejects its config (InvalidConfig: Too many values for config['block_sizes']" \
@@ -279,7 +279,7 @@ def test_a_failed_re_tune_after_a_kernel_change_leaves_no_stale_entry_for_fresh(
 
     from autotune_cli.plan import plan
     from autotune_cli.spec import load_spec
-    from autotune_cli.sweep import _BundleWriter
+    from autotune_cli.sweep_job import BundleWriter
     from mamba_tune.bundle import Failure, KernelProvenance, load_bundle
 
     spec = load_spec(small_spec(tmp_path))
@@ -287,7 +287,7 @@ def test_a_failed_re_tune_after_a_kernel_change_leaves_no_stale_entry_for_fresh(
     first, second = (entry(c.kernel, c.dims, c.dtype) for c in combos)
     old = bundle(first, second, kernel_hashes={"gated_norm_fwd": "0" * 64})
     path = tmp_path / "h200" / "tiny.json"
-    writer = _BundleWriter(path, old, H200, VERSIONS, None)
+    writer = BundleWriter(path, old, H200, VERSIONS, None)
     new = KernelProvenance(source_sha256="1" * 64)
     writer.save(None, Failure(kernel=first.kernel, dims=first.dims, dtype=first.dtype, reason="autotune failed",
                               at="2026-12-02T00:00:00+00:00"), new)
@@ -355,7 +355,7 @@ def test_a_kernel_record_from_before_per_entry_fingerprints_is_kept_while_its_so
 
     from autotune_cli.plan import plan
     from autotune_cli.spec import load_spec
-    from autotune_cli.sweep import _BundleWriter
+    from autotune_cli.sweep_job import BundleWriter
     from mamba_tune.bundle import KernelProvenance
 
     spec = load_spec(small_spec(tmp_path))
@@ -366,7 +366,7 @@ def test_a_kernel_record_from_before_per_entry_fingerprints_is_kept_while_its_so
     old = old.model_copy(update={"provenance": old.provenance.model_copy(
         update={"kernels": {"gated_norm_fwd": legacy}})})
     path = tmp_path / "h200" / "tiny.json"
-    writer = _BundleWriter(path, old, H200, VERSIONS, None)
+    writer = BundleWriter(path, old, H200, VERSIONS, None)
     writer.save(second, None, KernelProvenance(source_sha256="0" * 64))
     saved = load_bundle(path)
     assert saved.provenance.kernels["gated_norm_fwd"] == legacy

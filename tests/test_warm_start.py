@@ -13,7 +13,8 @@ from rich.console import Console
 
 from autotune_cli.plan import Combo
 from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
-from autotune_cli.sweep import Sweep, SweepInputError, SweepOptions
+from autotune_cli.sweep import Sweep
+from autotune_cli.sweep_job import SweepInputError, SweepJob, SweepOptions
 from autotune_cli.tuning import get
 from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import GpuInfo, write_bundle
@@ -68,9 +69,9 @@ def test_the_worker_job_carries_the_warm_start(tmp_path):
     dims = norm_dims(rows=64, d=64, group_size=32)
     combo = Combo(kernel="gated_norm_fwd", dims=dims, dtype="bf16", origins=("test",))
     written = bundle(entry(dims=norm_dims(rows=128, d=64, group_size=32), config=cfg(2)))
-    sweep = Sweep([combo], budget=Budget(effort="none"), tolerances=DEFAULT_TOLERANCES, target_sku="h200",
-                  bundle_name="t", spec_ref=None, options=SweepOptions(out_dir=tmp_path, cpu_dry_run=True),
-                  console=Console(file=sys.stderr))
+    job = SweepJob([combo], budget=Budget(effort="none"), tolerances=DEFAULT_TOLERANCES, target_sku="h200",
+                   bundle_name="t", spec_ref=None, options=SweepOptions(out_dir=tmp_path, cpu_dry_run=True))
+    sweep = Sweep(job, console=Console(file=sys.stderr))
     running: list = []
     (tmp_path / "logs").mkdir()
     sweep._fill_slots([(1, combo, False)], [None], running, tmp_path, tmp_path / "logs", [written])
@@ -90,10 +91,9 @@ def test_warm_start_bundles_must_be_readable_and_of_this_sku(tmp_path):
     write_bundle(bundle(entry(), gpu=GpuInfo(name="CPU", sku="cpu", arch="cpu", compute_capability="0.0",
                                               sm_count=0)), cpu)
 
-    def sweep(*paths: Path) -> Sweep:
-        return Sweep([], budget=Budget(effort="none"), tolerances=DEFAULT_TOLERANCES, target_sku="h200",
-                     bundle_name="t", spec_ref=None, console=Console(file=sys.stderr),
-                     options=SweepOptions(out_dir=tmp_path, warm_start=paths))
+    def sweep(*paths: Path) -> SweepJob:
+        return SweepJob([], budget=Budget(effort="none"), tolerances=DEFAULT_TOLERANCES, target_sku="h200",
+                        bundle_name="t", spec_ref=None, options=SweepOptions(out_dir=tmp_path, warm_start=paths))
 
     assert [b.provenance.gpu.sku for b in sweep(h200).warm_bundles("h200")] == ["h200"]
     with pytest.raises(SweepInputError, match=r"--warm-start .*cpu\.json: tuned on cpu, this sweep tunes on h200"):

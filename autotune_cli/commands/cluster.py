@@ -13,7 +13,7 @@ from rich.table import Table
 from autotune_cli.commands.common import Command, err, fail, os_error_text, out
 
 if TYPE_CHECKING:
-    from autotune_cli.sweep import Sweep, SweepResult
+    from autotune_cli.sweep_job import SweepJob, SweepResult
 
 
 def _parse_extra(items: list[str]) -> dict[str, str]:
@@ -26,18 +26,18 @@ def _parse_extra(items: list[str]) -> dict[str, str]:
     return extra
 
 
-def run_slurm(sweep: Sweep, *, partition: str | None, account: str | None, gpus_per_task: int | None,
+def run_slurm(job: SweepJob, *, partition: str | None, account: str | None, gpus_per_task: int | None,
               max_parallel: int, extra: list[str], wait: bool) -> SweepResult | None:
     """`mamba-tune sweep --executor slurm`: submit, and by default wait (None with --no-wait)."""
     from autotune_cli.slurm import SlurmError, SlurmOptions, SlurmSweep
-    from autotune_cli.sweep import SweepInputError
+    from autotune_cli.sweep_job import SweepInputError
 
-    if sweep.opt.gpus is not None:
+    if job.options.gpus is not None:
         fail("--gpus is for the local executor; with --executor slurm use --slurm-gpus-per-task")
     options = SlurmOptions(partition=partition, account=account, gpus_per_task=gpus_per_task,
                            max_parallel=max_parallel, extra=_parse_extra(extra), wait=wait)
     try:
-        result = SlurmSweep(sweep, options).run()
+        result = SlurmSweep(job, options, console=err).run()
     except (SweepInputError, SlurmError) as e:
         fail(str(e))
     return result if wait else None

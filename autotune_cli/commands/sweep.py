@@ -28,7 +28,7 @@ from autotune_cli.presets import SEARCH_ALGORITHMS
 if TYPE_CHECKING:
     from autotune_cli.plan import Combo
     from autotune_cli.spec import Budget, Tolerance
-    from autotune_cli.sweep import Sweep, SweepResult
+    from autotune_cli.sweep_job import SweepJob, SweepResult
     from mamba_tune.bundle import SpecRef
 
 DEFAULT_OUT = Path("generated_configs")
@@ -65,11 +65,13 @@ def _summary(result: SweepResult) -> None:
     out.print(table)
 
 
-def _run(sweep: Sweep) -> None:
-    from autotune_cli.sweep import SweepInputError, SweepTerminated
+def _run(job: SweepJob) -> None:
+    """The local executor on `job`; its summary, exit code 1 where a combo failed."""
+    from autotune_cli.sweep import Sweep, SweepTerminated
+    from autotune_cli.sweep_job import SweepInputError
 
     try:
-        result = sweep.run()
+        result = Sweep(job, console=err).run()
     except SweepInputError as e:
         fail(str(e))
     except SweepTerminated as e:
@@ -78,8 +80,12 @@ def _run(sweep: Sweep) -> None:
         raise typer.Exit(e.exit_code) from None
     except OSError as e:
         # Every finished combo is already in the bundle (each one is written atomically).
-        where = os_error_text(e) if e.filename else f"under {sweep.opt.out_dir}: {e.strerror or e}"
+        where = os_error_text(e) if e.filename else f"under {job.options.out_dir}: {e.strerror or e}"
         fail(f"cannot write {where} (combos finished before it are kept in the bundle)")
+    _finish(result)
+
+
+def _finish(result: SweepResult) -> None:
     _summary(result)
     if result.failed:
         err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
@@ -221,7 +227,7 @@ def sweep_command(
         except SpecError as e:
             fail(str(e))
     from autotune_cli.plan import plan, runs_for, short_timeout_warning
-    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from autotune_cli.sweep_job import SweepJob, SweepOptions  # torch and helion
     from mamba_tune.bundle import SpecRef
 
     if spec is None:
@@ -249,29 +255,25 @@ def sweep_command(
     warning = short_timeout_warning(timeout, budget)
     if warning:
         err.print(f"warning: {warning}", markup=False)
-    sweep = Sweep(
+    # The one description of the sweep, whichever executor runs it.
+    job = SweepJob(
         combos, budget=budget, tolerances=source.tolerances, target_sku=source.target_sku,
         bundle_name=source.bundle_name, spec_ref=source.spec_ref,
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
                              timeout_s=timeout, partial=bool(kernel or origin or from_record),
                              warm_start=tuple(warm_start or ()), fresh_workers=fresh_workers),
-        console=err,
     )
     if executor == Executor.slurm:
         from autotune_cli.commands.cluster import run_slurm
 
-        result = run_slurm(sweep, partition=slurm_partition, account=slurm_account,
+        result = run_slurm(job, partition=slurm_partition, account=slurm_account,
                            gpus_per_task=slurm_gpus_per_task, max_parallel=max_parallel, extra=slurm_extra or [],
                            wait=wait)
         if result is not None:  # None: --no-wait
-            _summary(result)
-            if result.failed:
-                err.print(f"[red]{len(result.failed)} combo(s) failed; reasons are recorded under 'failures' in "
-                          f"{escape(str(result.bundle_path))}")
-                raise typer.Exit(EXIT_CHECK_FAILED)
+            _finish(result)
         return
-    _run(sweep)
+    _run(job)
 
 
 def _parse_dims(text: str, kernel: str) -> dict[str, int]:
@@ -316,7 +318,7 @@ def tune_command(
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
     from autotune_cli.plan import Combo
     from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, dims_problem, name_problem
-    from autotune_cli.sweep import Sweep, SweepOptions  # torch and helion: only when a sweep runs
+    from autotune_cli.sweep_job import SweepJob, SweepOptions  # torch and helion
     from mamba_tune.sku import GPU_SKUS
 
     known = all_keys()
@@ -334,14 +336,12 @@ def tune_command(
     budget = Budget(effort="none" if cpu_dry_run else effort.value, seconds_per_combo=seconds, algorithm=algorithm,
                     seed=seed)
     combo = Combo(kernel=kernel, dims=parsed, dtype=dtype.value, origins=("mamba-tune tune",))
-    sweep = Sweep(
+    _run(SweepJob(
         [combo], budget=budget, tolerances=DEFAULT_TOLERANCES, target_sku=gpu, bundle_name=name, spec_ref=None,
         options=SweepOptions(out_dir=out_dir, force=force, allow_gpu_mismatch=allow_gpu_mismatch,
                              cpu_dry_run=cpu_dry_run, log_dir=log_dir, timeout_s=timeout,
                              warm_start=tuple(warm_start or ())),
-        console=err,
-    )
-    _run(sweep)
+    ))
 
 
 def register(app: typer.Typer) -> None:
