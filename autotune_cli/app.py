@@ -14,6 +14,15 @@ from typing import Annotated
 
 import typer
 
+try:  # `import mamba_tune` checks every MAMBA_TUNE_* variable set: a bad one is bad input (exit 2)
+    import mamba_tune  # noqa: F401
+except ValueError as e:
+    _env = sys.modules.get("mamba_tune.env")
+    if _env is None or not isinstance(e, _env.MambaTuneEnvironmentError):
+        raise
+    sys.stderr.write(f"mamba-tune: {e}\n")
+    sys.exit(2)
+
 from autotune_cli.commands import bench, bundles, cluster, plan, review, sweep
 from autotune_cli.commands.common import Group
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -81,8 +80,11 @@ def git_sha() -> str | None:
     A copy of the tree without its .git folder (a lent GPU machine) can name the commit
     in MAMBA_TUNE_GIT_SHA.
     """
-    if os.environ.get("MAMBA_TUNE_GIT_SHA"):
-        return os.environ["MAMBA_TUNE_GIT_SHA"]
+    from mamba_tune import env
+
+    given = env.read(env.GIT_SHA)
+    if given is not None:
+        return given
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()

@@ -16,7 +16,7 @@
     dtypes: [bf16]                       # bf16 | fp16 | fp32
     norm_weight_dtypes: [fp32, bf16]     # optional, default [fp32]: the gated norm's weight dtypes;
                                          #   fp32, or one of dtypes (a module built in that dtype)
-    kernels: all                         # or a list of kernel names (mamba-tune plan lists them)
+    kernels: all                         # the default path's kernels, or a list of names (mamba-tune plan lists them)
     budget:
       effort: quick                      # Helion effort: none | quick | full
       seconds_per_combo: 300             # cap on the search's wall time (optional)
@@ -570,7 +570,10 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
 
     known = all_keys()
     if model.kernels == "all":
-        kernels = list(known)
+        # The kernels the default path runs (mamba_tune.paths), not those of forms it never picks.
+        from mamba_tune.paths import off_default_path
+
+        kernels = [k for k in known if k not in off_default_path()]
     else:
         kernels = []
         for i, k in enumerate(model.kernels):

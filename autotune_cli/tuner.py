@@ -32,6 +32,7 @@ from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import Problem, TunableKernel, get
 from autotune_cli.warm_start import seed_configs
+from mamba_tune import env
 from mamba_tune.bundle import Accuracy, Entry, Failure, KernelProvenance, Search, Speedup, Timing
 from mamba_tune.vocab import torch_dtype
 
@@ -217,7 +218,7 @@ def _search(tk: TunableKernel, bound: Any, problem: Problem, budget: Budget, hb:
     # settings; they are the kernel's, shared by every shape a warm worker tunes, so the previous
     # value comes back after. MAMBA_TUNE_SEARCH_LOG=0 leaves it alone (no trace in the entry).
     previous_log = settings.autotune_log
-    if os.environ.get("MAMBA_TUNE_SEARCH_LOG", "1") != "0":
+    if env.read(env.SEARCH_LOG) is not False:
         settings.autotune_log = log_base
     try:
         cls = search_algorithms[budget.algorithm]

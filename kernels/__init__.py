@@ -164,13 +164,20 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-# MAMBA_TUNE_PATCH_MAMBA_SSM=1 (or strict) patches mamba-ssm at `import mamba_tune`; unset or 0,
-# nothing loads here. mamba_tune.patch checks the value.
-if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_PATCH_MAMBA_SSM", "").strip() not in ("", "0"):
-    importlib.import_module("mamba_tune.patch").patch_from_env()
-# MAMBA_TUNE_PATCH_TRANSFORMERS=1 (or strict) patches transformers' Mamba-2 mixers the same way.
-if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_PATCH_TRANSFORMERS", "").strip() not in ("", "0"):
-    importlib.import_module("mamba_tune.transformers_patch").patch_from_env()
-# MAMBA_TUNE_RECORD=FILE records the whole process's kernel keys from `import mamba_tune` on.
-if __name__ == "mamba_tune" and os.environ.get("MAMBA_TUNE_RECORD"):
-    importlib.import_module("mamba_tune.record").start_from_env()
+if __name__ == "mamba_tune":
+    # Every MAMBA_TUNE_* variable set, checked against its allowed values (one line naming it
+    # when it is not allowed: MambaTuneEnvironmentError); the standard library only.
+    from mamba_tune import env as _env
+    from mamba_tune import paths as _paths  # noqa: F401  (registers the code-path overrides)
+
+    _env.check()
+    # MAMBA_TUNE_PATCH_MAMBA_SSM=1 (or strict) patches mamba-ssm at `import mamba_tune`; unset or 0,
+    # nothing loads here.
+    if _env.read(_env.PATCH_MAMBA_SSM) not in (None, "0"):
+        importlib.import_module("mamba_tune.patch").patch_from_env()
+    # MAMBA_TUNE_PATCH_TRANSFORMERS=1 (or strict) patches transformers' Mamba-2 mixers the same way.
+    if _env.read(_env.PATCH_TRANSFORMERS) not in (None, "0"):
+        importlib.import_module("mamba_tune.transformers_patch").patch_from_env()
+    # MAMBA_TUNE_RECORD=FILE records the whole process's kernel keys from `import mamba_tune` on.
+    if _env.read(_env.RECORD) is not None:
+        importlib.import_module("mamba_tune.record").start_from_env()

@@ -444,11 +444,15 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def find_bundles(paths: list[Path]) -> list[Path]:
-    """Every *.json under the given files/folders, sorted (the order ties are broken in)."""
+    """The bundles of the given files and folders, sorted (the order ties are broken in). Bundles
+    live at <root>/<sku>/<name>.json: a folder is read at that depth and the one above it (a SKU's
+    folder given itself), never deeper, so a root such as / costs two directory levels, not a
+    walk of the disk."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            out.extend(sorted(q for q in p.rglob("*.json") if not q.name.startswith(".")))
+            found = [*p.glob("*.json"), *p.glob("*/*.json")]
+            out.extend(sorted(q for q in found if not q.name.startswith(".")))
         elif p.suffix == ".json":
             out.append(p)
     return out

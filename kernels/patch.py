@@ -37,13 +37,13 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import os
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mamba_tune import env
 from mamba_tune.conv1d.causal_conv1d import causal_conv1d_fn
 from mamba_tune.conv1d.update import causal_conv1d_update
 from mamba_tune.layer.split_conv1d_scan import mamba_split_conv1d_scan_combined
@@ -52,7 +52,7 @@ from mamba_tune.runtime import MambaTuneWarning
 from mamba_tune.ssd.combined import mamba_chunk_scan_combined
 from mamba_tune.ssd.selective_state_update import selective_state_update
 
-ENV_PATCH = "MAMBA_TUNE_PATCH_MAMBA_SSM"
+ENV_PATCH = env.PATCH_MAMBA_SSM
 # The version whose modules and call signatures the patch was written against.
 MAMBA_SSM_VERSION = "2.3.2.post1"
 
@@ -247,11 +247,9 @@ def patched_block(state: _State, is_on: Callable[[], bool], patch: Callable[...,
 
 def patch_from_env() -> None:
     """`import mamba_tune` calls this: MAMBA_TUNE_PATCH_MAMBA_SSM=1 patches, =strict patches strictly."""
-    value = os.environ.get(ENV_PATCH, "").strip().lower()
-    if value in ("", "0"):
+    value = env.read(ENV_PATCH)
+    if value in (None, "0"):
         return
-    if value not in ("1", "strict"):
-        raise ValueError(f"{ENV_PATCH}={value!r}: expected 1, strict or 0")
     patch_mamba_ssm(strict=value == "strict")
 
 

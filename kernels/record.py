@@ -54,11 +54,11 @@ from typing import Any
 
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import env, runtime
 
 FORMAT = "mamba-tune-record"
 VERSION = 1
-ENV_RECORD = "MAMBA_TUNE_RECORD"
+ENV_RECORD = env.RECORD
 # Other processes (ranks) hold a record's lock only while they merge into it: well under this.
 LOCK_TIMEOUT_S = 120.0
 
@@ -311,8 +311,8 @@ def _flush_at_exit(rec: Recorder) -> None:
 
 def start_from_env() -> Recorder | None:
     """`MAMBA_TUNE_RECORD=FILE`: record the whole process, written at exit."""
-    path = os.environ.get(ENV_RECORD)
-    if not path or runtime.recorder() is not None:
+    path = env.read(ENV_RECORD)
+    if path is None or runtime.recorder() is not None:
         return None
     try:  # a file that cannot be written fails here, at import, not at exit
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mamba_tune import vocab
+from mamba_tune import env, vocab
 from mamba_tune.config_schema import checked_config
 from mamba_tune.sku import Gpu
 from mamba_tune.store import ENV_CONFIGS as ENV_CONFIGS
@@ -42,7 +42,7 @@ from mamba_tune.store import nearest_entry as nearest_entry
 
 log = logging.getLogger("mamba_tune")
 
-ENV_MODE = "MAMBA_TUNE_CONFIG_MODE"
+ENV_MODE = env.CONFIG_MODE
 
 
 class MambaTuneWarning(UserWarning):
@@ -151,13 +151,9 @@ class _Runtime:
             log.warning("%s", message)
 
     def effective_mode(self) -> Mode:
-        env = os.environ.get(ENV_MODE)
-        if env:
-            try:
-                return Mode(env)
-            except ValueError:
-                self.warn_once(f"{ENV_MODE}={env!r} is not one of exact, nearest, default; using nearest")
-                return Mode.nearest
+        forced = env.read(ENV_MODE)
+        if forced is not None:
+            return Mode(forced)
         return self.mode or Mode.nearest
 
     def store(self, gpu: Gpu | None) -> ConfigStore:
@@ -173,7 +169,7 @@ _RT = _Runtime()
 
 
 def current_mode() -> Mode:
-    """The lookup mode in force: MAMBA_TUNE_CONFIG_MODE, else `configure(mode=...)`, else nearest."""
+    """The lookup mode in force: its variable (env.CONFIG_MODE), else `configure(mode=...)`, else nearest."""
     return _RT.effective_mode()
 
 

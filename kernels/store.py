@@ -3,7 +3,7 @@
 The runtime (`mamba_tune.runtime`) keeps one `ConfigStore` per GPU it runs on; the store
 reads the bundles once, indexes a kernel's entries the first time that kernel is
 resolved, and answers without searching. The lookup order is an explicit mode
-(`mamba_tune.configure(mode=...)`, overridable by MAMBA_TUNE_CONFIG_MODE):
+(`mamba_tune.configure(mode=...)`, overridable by its variable, mamba_tune.env.CONFIG_MODE):
 
 - ``exact``: only an entry whose key equals the call's key.
 - ``nearest`` (default): exact, else the entry of the same kernel, dtype and structural
@@ -47,18 +47,18 @@ import dataclasses
 import enum
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from mamba_tune import env
 from mamba_tune.bundle import Bundle, BundleError, Entry, entry_key, find_bundles, load_bundle
 from mamba_tune.sku import GPU_SKUS, Gpu
 
 log = logging.getLogger("mamba_tune")
 
 NEAREST_MAX_RATIO = 4.0
-ENV_CONFIGS = "MAMBA_TUNE_CONFIGS"
+ENV_CONFIGS = env.CONFIGS
 
 
 class Mode(str, enum.Enum):
@@ -110,9 +110,9 @@ class _KernelIndex:
 
 
 def default_bundle_paths() -> list[Path]:
-    env = os.environ.get(ENV_CONFIGS)
-    if env:
-        return [Path(p) for p in env.split(os.pathsep) if p]
+    forced = env.read(ENV_CONFIGS)
+    if forced is not None:
+        return forced
     import generated_configs
 
     return [Path(generated_configs.__file__).parent]

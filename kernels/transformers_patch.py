@@ -61,7 +61,6 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -69,10 +68,11 @@ from typing import Any
 
 import torch
 
+from mamba_tune import env
 from mamba_tune.patch import _State, patched_block
 from mamba_tune.runtime import MambaTuneWarning
 
-ENV_PATCH = "MAMBA_TUNE_PATCH_TRANSFORMERS"
+ENV_PATCH = env.PATCH_TRANSFORMERS
 # Oldest version with module-level functions (older ones: "legacy" below); newest one tested.
 MIN_VERSION = "5.15.0"
 TESTED_VERSION = "5.24.0"
@@ -537,11 +537,9 @@ def mixer_functions(model: torch.nn.Module) -> dict[str, dict[str, str]]:
 
 def patch_from_env() -> None:
     """`import mamba_tune` calls this: MAMBA_TUNE_PATCH_TRANSFORMERS=1 patches, =strict patches strictly."""
-    value = os.environ.get(ENV_PATCH, "").strip().lower()
-    if value in ("", "0"):
+    value = env.read(ENV_PATCH)
+    if value in (None, "0"):
         return
-    if value not in ("1", "strict"):
-        raise ValueError(f"{ENV_PATCH}={value!r}: expected 1, strict or 0")
     patch_transformers(strict=value == "strict")
 
 

@@ -261,7 +261,7 @@ def test_environment_variable_values(mamba_ssm, monkeypatch, value, patched, str
 
 def test_environment_variable_bad_value(monkeypatch):
     monkeypatch.setenv(patch.ENV_PATCH, "yes")
-    with pytest.raises(ValueError, match="MAMBA_TUNE_PATCH_MAMBA_SSM='yes': expected 1, strict or 0"):
+    with pytest.raises(ValueError, match="MAMBA_TUNE_PATCH_MAMBA_SSM='yes'; expected 0, 1 or strict"):
         patch.patch_from_env()
     assert not mamba_tune.is_patched()
 

@@ -102,6 +102,7 @@ def test_one_recorder_at_a_time(tmp_path):
 def test_env_var_records_each_process_into_one_file(tmp_path):
     """Three processes at once (like ranks) write one record at exit, under its lock."""
     path = tmp_path / "rec.json"
+    (tmp_path / "no-bundles").mkdir()
     env = {**os.environ, "HELION_INTERPRET": "1", "MAMBA_TUNE_RECORD": str(path),
            "MAMBA_TUNE_CONFIGS": str(tmp_path / "no-bundles")}
     code = ("import sys, torch, mamba_tune\nx = torch.randn(32, 64, dtype=torch.bfloat16)\n"
@@ -249,6 +250,7 @@ def test_env_var_naming_a_file_no_lock_can_be_made_for_fails_at_once(tmp_path):
     """MAMBA_TUNE_RECORD=/proc/1/x.json: no lock file can be created there, which filelock
     retries for as long as it waits (for ever without a timeout): one error naming the
     variable at import, well before the test's timeout."""
+    (tmp_path / "no-bundles").mkdir()
     env = {**os.environ, "HELION_INTERPRET": "1", "MAMBA_TUNE_RECORD": "/proc/1/x.json",
            "MAMBA_TUNE_CONFIGS": str(tmp_path / "no-bundles")}
     code = ("import torch, mamba_tune\nx = torch.randn(32, 64, dtype=torch.bfloat16)\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune_cli.kernel_keys import dbdc_head_runs, split_state_passing_bwd, two_pass_dbdc
+from autotune_cli.kernel_keys import split_state_passing_bwd, two_pass_dbdc
 from autotune_cli.plan import plan
 from autotune_cli.presets import MODEL_PRESETS, tp_degrees
 from autotune_cli.spec import SpecError, parse_spec
@@ -40,18 +40,18 @@ def test_tp_4_and_8_resolve_and_plan(preset):
     # Every kernel has a combo at both degrees (TP 8 leaves one group per rank), but for two
     # pairs of alternatives, each picked per shape by its rule: the state-passing backward's one
     # walk or split walk (batch * nheads < 64 or chunk 256), and dB/dC's one kernel or two passes
-    # (dstate >= 256: 47B and 56B), the one kernel's partials fold where it splits the heads.
+    # (dstate >= 256: 47B and 56B). The split walk runs F2's kernel too (`runs_too`), which
+    # `kernels: all` leaves out otherwise (the forward runs F2 + F3 fused).
     walks = {"ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd"}
-    one = {"ssd_chunk_state_scan_bwd_dbdc", "ssd_bwd_dbdc_runs_sum"}
+    one = {"ssd_chunk_state_scan_bwd_dbdc"}
     two = {"ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc"}
     for tp in (4, 8):
         kernels = {c.kernel for c in combos if any(f"tp={tp} " in o for o in c.origins)}
         split = split_state_passing_bwd(2, dims.nheads // tp, dims.chunk_size)
         assert kernels & walks == {"ssd_state_passing_bwd" if split else "ssd_chunk_state_passing_bwd"}, tp
-        runs = dbdc_head_runs(2, -(-8192 // dims.chunk_size), dims.ngroups // tp, dims.nheads // tp)
-        want = two if two_pass_dbdc(dims.dstate) else one if runs > 1 else {"ssd_chunk_state_scan_bwd_dbdc"}
-        assert kernels & (one | two) == want, tp
-        assert kernels - walks - one - two == set(spec.kernels) - walks - one - two, tp
+        assert kernels & (one | two) == (two if two_pass_dbdc(dims.dstate) else one), tp
+        assert ("ssd_chunk_state" in kernels) == split, tp
+        assert kernels - walks - one - two - {"ssd_chunk_state"} == set(spec.kernels) - walks - one - two, tp
 
 
 @pytest.mark.parametrize("preset,tp", [("mamba2-2.7b", 2), ("zamba2-2.7b", 4), ("falcon-h1-0.5b", 8),

@@ -219,7 +219,7 @@ def test_a_bad_environment_value_fails_at_import_saying_what_it_expects(clean_en
     env = {**clean_env, tp.ENV_PATCH: "yes"}
     r = subprocess.run([sys.executable, "-c", "import mamba_tune"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode != 0 and "MAMBA_TUNE_PATCH_TRANSFORMERS='yes': expected 1, strict or 0" in r.stderr
+    assert r.returncode != 0 and "MAMBA_TUNE_PATCH_TRANSFORMERS='yes'; expected 0, 1 or strict" in r.stderr
 
 
 # --- one function at a time, against transformers' PyTorch code -----------------------------

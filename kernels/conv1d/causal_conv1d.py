@@ -30,7 +30,7 @@ width - 1 before the sequence, and those positions' "dx" is dinitial_states.
 `causal_conv1d_bwd_slide` is the backward in one kernel, without the dpre buffer: each program steps through
 its chunk of positions one row of channels at a time, keeping the last width - 1 rows of x and of
 dpre in registers, so each position's pre-activation and dpre are computed once (channel-last rows
-only; MAMBA_TUNE_CONV1D_BWD=slide).
+only; the registry's "conv1d_bwd", mamba_tune.paths).
 
 Order: Helion kernels -> host launchers (checks) -> the explicit forward/backward that
 the fused layer calls -> autograd Function -> public function -> runtime declarations
@@ -39,7 +39,6 @@ the fused layer calls -> autograd Function -> public function -> runtime declara
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +46,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import paths, runtime, vocab
 from mamba_tune.conv1d.common import (
     check_activation,
     check_device,
@@ -469,21 +468,12 @@ def conv1d_forward(
     return out
 
 
-# The backward in one kernel (`causal_conv1d_bwd_slide`: one position's row per step, the taps kept
-# from the steps before, channel-last only) or in two (`causal_conv1d_bwd` then
-# `causal_conv1d_bwd_dx`); this variable ("slide" or "split") overrides `bwd_path`.
-BWD_PATH = "MAMBA_TUNE_CONV1D_BWD"
-
-
 def bwd_path() -> str:
     """Which backward runs: "split" (the two kernels: the default) or "slide" (one kernel; where it
     cannot run, the two). The slide form moves about 0.6 GB at Nemotron-3 Nano TP1 against the two
     kernels' 1.4 GB (x and dout read, dx written, against that plus dpre's fp32 round trip), with
     the pre-activation computed once per position, and has not been timed on a GPU yet."""
-    path = os.environ.get(BWD_PATH, "")
-    if path not in ("", "slide", "split"):
-        raise ValueError(f"{BWD_PATH}={path!r}: expected 'slide', 'split' or unset (split)")
-    return path or "split"
+    return paths.choose("conv1d_bwd", "split")
 
 
 def conv1d_backward(

@@ -5,8 +5,8 @@ chunk_cumsum (F1) -> chunk_state (F2) -> state_passing (F3, a parallel scan) -> 
 combined.py chains them and holds the autograd Function, whose backward runs
 chunk_state_passing_bwd (B2+B3; or chunk_state then state_passing_bwd, split like the
 forward's F2 then F3, at the shapes where that is faster) -> chunk_scan_chunk_state_bwd_dx (B1+B4+B9) ->
-chunk_state_scan_bwd_dbdc (B5-B8; or dbdc_two_pass's two kernels with MAMBA_TUNE_SSD_DBDC=two,
-not measured on a GPU yet) -> chunk_cumsum_bwd (B10). Each stage's public function
+chunk_state_scan_bwd_dbdc (B5-B8; or dbdc_two_pass's two kernels at dstate >= 256) ->
+chunk_cumsum_bwd (B10); mamba_tune.paths lists these per-shape choices. Each stage's public function
 is named like mamba-ssm's (`_chunk_state_fwd` -> `chunk_state_fwd`, ...), and each file
 declares its kernels' runtime records (ssd_chunk_cumsum, ssd_chunk_state, ssd_state_passing,
 ssd_chunk_state_passing, ssd_bmm, ssd_chunk_scan, ssd_chunk_state_passing_bwd, ssd_state_passing_bwd,

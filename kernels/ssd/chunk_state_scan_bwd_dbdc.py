@@ -45,7 +45,6 @@ Order: Helion kernels -> host launcher -> runtime declarations (their tuning rec
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +52,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import paths, runtime
 from mamba_tune.ssd import common
 from mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx import SLOT_N
 
@@ -259,18 +258,11 @@ def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.T
     return (torch.empty(shape, dtype=dtype, device=x.device), torch.empty(shape, dtype=dtype, device=x.device))
 
 
-# How the host sums the fp32 partials of split head runs: "torch" (the default: a sum and a cast
-# each for dB and dC, four launches and an fp32 sum in memory) or "kernel" (`runs_sum_kernel`:
-# both in one launch). The kernel is not timed on a GPU yet, so it is not the default.
-SUM_VAR = "MAMBA_TUNE_SSD_DBDC_SUM"
-
-
 def sum_path() -> str:
-    """"torch" or "kernel": how `sum_runs` adds the head runs' partials (SUM_VAR, else torch)."""
-    path = os.environ.get(SUM_VAR, "")
-    if path not in ("", "torch", "kernel"):
-        raise ValueError(f"{SUM_VAR}={path!r}: expected 'torch', 'kernel' or unset (torch)")
-    return path or "torch"
+    """How `sum_runs` adds the head runs' fp32 partials: "torch" (the default: a sum and a cast each
+    for dB and dC, four launches and an fp32 sum in memory) or "kernel" (`runs_sum_kernel`: both in
+    one launch; not timed on a GPU yet, so not the default): the registry's "ssd_dbdc_sum"."""
+    return paths.choose("ssd_dbdc_sum", "torch")
 
 
 def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -22,13 +22,12 @@ are bitwise reproducible.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import helion
 import torch
 
-from mamba_tune import vocab
+from mamba_tune import env, paths, vocab
 from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,
@@ -62,14 +61,13 @@ FUSE_STATE_PASSING_DEFAULT = True
 # F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
 # inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
 # variable is "1" (for debugging).
-UNSAFE_GPU_SEQ_IDX = "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX"
+UNSAFE_GPU_SEQ_IDX = env.UNSAFE_GPU_SEQ_IDX
 
 
 # B2 + B3 (the state gradients) as one walk over the chunks with a dot per step
 # (`chunk_state_passing_bwd`) or as F2's kernel for every chunk's term then an elementwise walk
-# (`state_passing_bwd`): `split_state_passing_bwd` picks one per shape, this variable
-# ("fused" or "split") overrides it.
-SP_BWD_PATH = "MAMBA_TUNE_SSD_SP_BWD"
+# (`state_passing_bwd`): `split_state_passing_bwd` picks one per shape (the registry's
+# "ssd_state_passing_bwd", mamba_tune.paths, names the variable that overrides it).
 
 
 def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
@@ -84,17 +82,14 @@ def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
 
 
 def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
-    path = os.environ.get(SP_BWD_PATH, "")
-    if path not in ("", "fused", "split"):
-        raise ValueError(f"{SP_BWD_PATH}={path!r}: expected 'fused', 'split' or unset (the shape's rule)")
-    return split_state_passing_bwd(batch, nheads, chunk_size) if not path else path == "split"
+    rule = "split" if split_state_passing_bwd(batch, nheads, chunk_size) else "fused"
+    return paths.choose("ssd_state_passing_bwd", rule) == "split"
 
 
 # B5-B8 (dB, dC) in one kernel (`chunk_state_scan_bwd_dbdc`, each dCB tile built by the program
 # of its rows and again by the program of its columns, and once per dstate block) or in two
 # passes (`dbdc_two_pass`: each tile once, through a head-summed buffer): `two_pass_dbdc` picks
-# one per shape, this variable ("one" or "two") overrides it.
-DBDC_PATH = "MAMBA_TUNE_SSD_DBDC"
+# one per shape (the registry's "ssd_dbdc", mamba_tune.paths).
 
 
 def two_pass_dbdc(dstate: int) -> bool:
@@ -111,11 +106,9 @@ def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: to
                 dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
                 seq_idx: torch.Tensor | None, rows: torch.Tensor | None, cb: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dB and dC on the path `two_pass_dbdc` (or DBDC_PATH) picks, as `chunk_state_scan_bwd_dbdc._launch`."""
-    path = os.environ.get(DBDC_PATH, "")
-    if path not in ("", "one", "two"):
-        raise ValueError(f"{DBDC_PATH}={path!r}: expected 'one', 'two' or unset (the shape's rule)")
-    two = two_pass_dbdc(B.shape[3]) if not path else path == "two"
+    """dB and dC on the path `two_pass_dbdc` (or its variable, mamba_tune.paths) picks, as
+    `chunk_state_scan_bwd_dbdc._launch`."""
+    two = paths.choose("ssd_dbdc", "two" if two_pass_dbdc(B.shape[3]) else "one") == "two"
     launch = dbdc_two_pass._launch if two else chunk_state_scan_bwd_dbdc._launch
     return launch(dy, z, x, B, C, dt, dA_cumsum, prev_states, dstates, seq_idx, rows, cb)
 
@@ -123,7 +116,7 @@ def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: to
 def state_passing_bwd_launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum: torch.Tensor,
                              prev_states: torch.Tensor, dfinal: torch.Tensor | None, seq_idx: torch.Tensor | None
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """B2 + B3 on the path `split_state_passing_bwd` (or SP_BWD_PATH) picks: (dstates,
+    """B2 + B3 on the path `split_state_passing_bwd` (or its variable, mamba_tune.paths) picks: (dstates,
     ddA_last partials, dinitial_states), as `chunk_state_passing_bwd._launch` returns them."""
     batch, _, nheads, _ = dy.shape
     path = state_passing_bwd if _sp_bwd_split(batch, nheads, dA_cumsum.shape[3]) else chunk_state_passing_bwd
@@ -192,7 +185,7 @@ def ssd_forward(
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
-    if fuse and seq_idx is not None and x.is_cuda and os.environ.get(UNSAFE_GPU_SEQ_IDX) != "1":
+    if fuse and seq_idx is not None and x.is_cuda and not env.read(UNSAFE_GPU_SEQ_IDX):
         raise NotImplementedError(
             "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
             f"mask miscompiles for some configs); use fuse_bmm=False. {UNSAFE_GPU_SEQ_IDX}=1 runs it anyway")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("conv_ref_mode")
 
 
 def _backward(case: Case, monkeypatch: pytest.MonkeyPatch, path: str, dinit: bool) -> tuple[torch.Tensor | None, ...]:
-    monkeypatch.setenv(conv.BWD_PATH, path)
+    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", path)
     return conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, case.init, case.dfinal, None,
                            dinit, case.activation is not None)
 
@@ -62,7 +62,7 @@ def test_the_slide_kernel_gives_the_two_kernels_gradients(width: int, option: st
 
 
 def _kernels_run(case: Case, monkeypatch: pytest.MonkeyPatch, tmp_path, dx=None) -> set[str]:
-    monkeypatch.setenv(conv.BWD_PATH, "slide")
+    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", "slide")
     with record_calls(tmp_path / "calls.json") as rec:
         conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, dx, False, True)
         calls = rec.snapshot()["calls"]
@@ -79,5 +79,5 @@ def test_the_variable_picks_the_slide_kernel_where_rows_are_unit_stride(monkeypa
     # dx in dout's memory: programs read dout past their own positions while others write dx.
     case = Case("channel_last", 4, "seq_idx-bias-silu")
     assert _kernels_run(case, monkeypatch, tmp_path, dx=case.dout) == two
-    monkeypatch.delenv(conv.BWD_PATH)
+    monkeypatch.delenv("MAMBA_TUNE_CONV1D_BWD")
     assert conv.bwd_path() == "split"  # the two kernels until a one-kernel form is timed faster on a GPU

@@ -161,7 +161,7 @@ def test_the_one_kernel_backward_matches_the_two_kernels(size: str, packed: bool
     x, weight, bias, seq_idx, dout = _inputs(*SIZES[size], channel_last=True, packed=packed)
     got = {}
     for path in ("split", one):
-        monkeypatch.setenv(conv.BWD_PATH, path)
+        monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", path)
         got[path] = conv1d_backward(x, weight, bias, dout, seq_idx, None, None, None, False, True)
     for i, name, rel in ((0, "dx", 2 ** -7), (1, "dweight", 1e-2), (2, "dbias", 1e-2)):
         a, b = got[one][i].float(), got["split"][i].float()

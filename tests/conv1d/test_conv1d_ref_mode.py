@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("conv_ref_mode", "bwd_path")
 def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test on each backward path: two kernels through the fp32 dpre buffer, and the
     one-kernel slide form (where x is channel-last; elsewhere it takes the two)."""
-    monkeypatch.setenv(conv.BWD_PATH, request.param)
+    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", request.param)
     return request.param
 
 LAYOUTS = ("contiguous", "channel_last")
@@ -236,7 +236,7 @@ def test_dx_may_be_written_over_dout(layout: str, monkeypatch: pytest.MonkeyPatc
     dout = case.dout.clone()
     got = conv1d_backward(case.x, case.weight, case.bias, dout, case.seq_idx, None, None, dout, False, True)
     assert got[0] is dout
-    monkeypatch.setenv(conv.BWD_PATH, "split")
+    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", "split")
     expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
                                True)
     for a, b in zip(got[:3], expected[:3], strict=True):

@@ -37,12 +37,12 @@ def _in_order(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def test_the_fold_adds_the_runs_in_order(shape, dtype, ssd_ref_mode, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     dB_part, dC_part = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen) * 100
-    monkeypatch.setenv(one.SUM_VAR, "kernel")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "kernel")
     dB, dC = one.sum_runs(dB_part, dC_part, dtype)
     assert dB.shape == dC.shape == shape[1:] and dB.dtype == dC.dtype == dtype
     assert torch.equal(dB, _in_order(dB_part, dtype))
     assert torch.equal(dC, _in_order(dC_part, dtype))
-    monkeypatch.setenv(one.SUM_VAR, "torch")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "torch")
     tB, tC = one.sum_runs(dB_part, dC_part, dtype)
     # torch's sum may add in another order: within one rounding of the output's dtype.
     ulp = torch.finfo(dtype).eps
@@ -51,20 +51,20 @@ def test_the_fold_adds_the_runs_in_order(shape, dtype, ssd_ref_mode, monkeypatch
 
 
 def test_one_run_takes_no_fold(monkeypatch):
-    monkeypatch.setenv(one.SUM_VAR, "kernel")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "kernel")
     part = torch.randn(1, 2, 16, 1, 16).to(torch.bfloat16)
     dB, dC = one.sum_runs(part, part, torch.bfloat16)
     assert dB.data_ptr() == part.data_ptr()  # the kernel wrote dB in x's dtype itself
 
 
 def test_the_sum_switch(monkeypatch):
-    monkeypatch.delenv(one.SUM_VAR, raising=False)
+    monkeypatch.delenv("MAMBA_TUNE_SSD_DBDC_SUM", raising=False)
     assert one.sum_path() == "torch"  # until the kernel is timed on a GPU
     for path in ("torch", "kernel"):
-        monkeypatch.setenv(one.SUM_VAR, path)
+        monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", path)
         assert one.sum_path() == path
-    monkeypatch.setenv(one.SUM_VAR, "fused")
-    with pytest.raises(ValueError, match="MAMBA_TUNE_SSD_DBDC_SUM='fused': expected 'torch', 'kernel' or unset"):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "fused")
+    with pytest.raises(ValueError, match="MAMBA_TUNE_SSD_DBDC_SUM='fused'; expected torch or kernel"):
         one.sum_path()
 
 
@@ -114,9 +114,9 @@ def test_the_backward_on_the_fold_matches_the_torch_path(monkeypatch):
     rounding, the rest bitwise: the fold is their last step), twice the same."""
     shape = (2, 80, 6, 24, 1, 32, 32)
     assert one.head_splits(2, 3, 1, 6) > 1
-    monkeypatch.setenv(one.SUM_VAR, "torch")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "torch")
     want = _grads(shape, 4)
-    monkeypatch.setenv(one.SUM_VAR, "kernel")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "kernel")
     got, again = _grads(shape, 4), _grads(shape, 4)
     for name in want:
         assert torch.equal(got[name], again[name]), f"d{name} differs between two runs"

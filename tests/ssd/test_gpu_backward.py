@@ -160,9 +160,9 @@ def test_the_runs_fold_kernel_gives_the_torch_paths_gradients(monkeypatch):
     i = _inputs({"has_seq_idx": 1, "has_initial_states": 1}, 8, shape=ONE_GROUP)
     gen = torch.Generator(device="cpu").manual_seed(8)
     dy = torch.randn(*i.x.shape, generator=gen).to(torch.bfloat16).cuda()
-    monkeypatch.setenv(one.SUM_VAR, "torch")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "torch")
     want = _grads(mamba_chunk_scan_combined, i, dy, None)
-    monkeypatch.setenv(one.SUM_VAR, "kernel")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "kernel")
     got, again = _grads(mamba_chunk_scan_combined, i, dy, None), _grads(mamba_chunk_scan_combined, i, dy, None)
     for name in want:
         assert torch.equal(got[name], again[name]), f"d{name} differs between two runs"

@@ -1,0 +1,123 @@
+"""The live per-shape code-path choices of the runtime, in one registry.
+
+Where the runtime can run a step in more than one way, a rule picks one per shape (or one form is
+the default), and an environment variable may force one, for measuring. Each `PathChoice` names
+the choice, its choices, the kernels each runs, the default rule (`rule`: where it lives, its
+docstring keeps the numbers that chose it) and the variable that overrides it; `choose` is the one
+place a call site asks, and `mamba_tune.env` the one parser of the variable. docs/paths.md's
+table is `markdown()` (tests/test_env.py checks they agree).
+
+No choice here changes a kernel's program at a given key: each selects other kernels, which have
+keys of their own; a kernel whose program depends on the shape (the dB/dC kernel's head runs, the
+chunk scan's `fused_bmm`) takes it from its key dims. Torch-free: `import mamba_tune` checks the
+variables (mamba_tune.env) without loading the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mamba_tune import env
+
+
+@dataclasses.dataclass(frozen=True)
+class PathChoice:
+    name: str
+    # The environment variable that forces one choice (parsed by mamba_tune.env), or, for a
+    # choice the caller makes, "argument NAME" (a function argument; no variable).
+    var: str
+    # Choice -> the kernels (bundle names) it runs.
+    choices: dict[str, tuple[str, ...]]
+    # The default: one choice's name, or where the per-shape rule lives ("module.function").
+    default: str
+    # One line: what is chosen and by what rule.
+    doc: str
+
+    def choose(self, rule: str) -> str:
+        """The forced choice (the variable), else `rule` (the default rule's answer at this shape)."""
+        if rule not in self.choices:
+            raise ValueError(f"{self.name}: the rule chose {rule!r}, not one of {', '.join(self.choices)}")
+        forced = None if self.var.startswith("argument ") else env.read(self.var)
+        return rule if forced is None else forced
+
+
+PATHS: dict[str, PathChoice] = {p.name: p for p in (
+    PathChoice(
+        name="ssd_state_passing_bwd",
+        var="MAMBA_TUNE_SSD_SP_BWD",
+        choices={"fused": ("ssd_chunk_state_passing_bwd",), "split": ("ssd_chunk_state", "ssd_state_passing_bwd")},
+        default="mamba_tune.ssd.combined.split_state_passing_bwd",
+        doc="the SSD backward's state gradients (B2 + B3): one walk over the chunks with a dot per step, or F2's "
+            "kernel then an elementwise walk; split where batch x nheads < 64 or chunk_size >= 256",
+    ),
+    PathChoice(
+        name="ssd_dbdc",
+        var="MAMBA_TUNE_SSD_DBDC",
+        choices={"one": ("ssd_chunk_state_scan_bwd_dbdc",), "two": ("ssd_chunk_state_scan_bwd_dcb",
+                                                                    "ssd_bmm_bwd_dbdc")},
+        default="mamba_tune.ssd.combined.two_pass_dbdc",
+        doc="the SSD backward's dB and dC (B5-B8): one kernel, or two passes through a head-summed dCB buffer; "
+            "two at dstate >= 256",
+    ),
+    PathChoice(
+        name="ssd_fuse_state_passing",
+        var="argument fuse_state_passing",
+        choices={"fused": ("ssd_chunk_state_passing",), "split": ("ssd_chunk_state", "ssd_state_passing")},
+        default="fused",
+        doc="the SSD forward's F2 + F3 in one kernel walking the chunks in order, or F2 then the parallel scan "
+            "(`ssd_forward(fuse_state_passing=...)`; the fused one measured faster, mamba_tune.ssd.combined)",
+    ),
+    PathChoice(
+        name="ssd_fuse_bmm",
+        var="argument fuse_bmm",
+        choices={"split": ("ssd_bmm", "ssd_chunk_scan"), "fused": ("ssd_chunk_scan",)},
+        default="split",
+        doc="the SSD forward's C B^T: F4 then F5, or recomputed inside F5 (`ssd_forward(fuse_bmm=...)`, the "
+            "chunk scan's `fused_bmm` key dim; split measured faster)",
+    ),
+    PathChoice(
+        name="ssd_dbdc_sum",
+        var="MAMBA_TUNE_SSD_DBDC_SUM",
+        choices={"torch": (), "kernel": ("ssd_bwd_dbdc_runs_sum",)},
+        default="torch",
+        doc="where the one dB/dC kernel splits a group's heads into runs, their fp32 partials added by torch "
+            "or by one kernel (not timed on a GPU yet)",
+    ),
+    PathChoice(
+        name="conv1d_bwd",
+        var="MAMBA_TUNE_CONV1D_BWD",
+        choices={"split": ("causal_conv1d_bwd", "causal_conv1d_bwd_dx"), "slide": ("causal_conv1d_bwd_slide",)},
+        default="split",
+        doc="the conv1d backward in two kernels through an fp32 dpre buffer, or in one stepping one row of "
+            "channels at a time (channel-last only; not timed on a GPU yet)",
+    ),
+)}
+
+
+for _p in PATHS.values():
+    if not _p.var.startswith("argument "):
+        env.register_choice(_p.var, tuple(_p.choices), f"force `{_p.name}` (mamba_tune.paths): {_p.doc}")
+
+
+def choose(name: str, rule: str) -> str:
+    """Which form of `name` runs: its variable's choice when set, else `rule` (the default rule's answer)."""
+    return PATHS[name].choose(rule)
+
+
+def off_default_path() -> set[str]:
+    """Kernels that only a non-default form of a fixed default runs: what a spec's `kernels: all`
+    leaves out. (The forms of a per-shape rule each run at some shapes; where a kernel runs there
+    its key record says so: `dims_for`, `runs_too`.)"""
+    fixed = [p for p in PATHS.values() if p.default in p.choices]
+    on = {k for p in fixed for k in p.choices[p.default]}
+    return {k for p in fixed for c, ks in p.choices.items() if c != p.default for k in ks} - on
+
+
+def markdown() -> str:
+    """docs/paths.md's table of the choices."""
+    rows = ["| choice | variable | forms (kernels) | default | what |", "|---|---|---|---|---|"]
+    for p in PATHS.values():
+        forms = "; ".join(f"`{c}`: {', '.join(f'`{k}`' for k in ks) or 'torch'}" for c, ks in p.choices.items())
+        var = p.var.replace("argument ", "argument `") + "`" if p.var.startswith("argument ") else f"`{p.var}`"
+        rows.append(f"| `{p.name}` | {var} | {forms} | `{p.default}` | {p.doc} |")
+    return "\n".join(rows) + "\n"
