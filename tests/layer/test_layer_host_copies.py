@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 import torch
-from host_copies import HostCopies
+from host_copies import SYNCS, HostCopies
 from layer_inputs import Layer
 
 import mamba_tune
@@ -55,3 +55,23 @@ def test_the_layers_host_copies_are_the_known_glue(monkeypatch):
     small = [s for s in audit.seen if s[1][:2] != (b, L)]
     width = layer.tensors["conv1d_weight"].shape[1]
     assert all(torch.Size(shape).numel() <= conv_dim * width for _, shape in small), small
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({}, id="default"),
+    pytest.param({"seq_idx": True, "initial_states": True, "D_per_head": False, "dt_limit": (0.01, 0.2)},
+                 id="seq_idx-init-D-hdim-dt_limit"),
+    pytest.param({"rmsnorm": False, "d_mlp": 4}, id="no-norm-d_mlp"),
+])
+def test_the_layers_step_reads_no_tensor_value_on_the_host(monkeypatch, options):
+    """No item(), bool(tensor) or value-shaped op outside the kernels, forward or backward: on
+    the GPU each would be a sync, and the training step could not be captured in a CUDA graph."""
+    audit = HostCopies(monkeypatch, ops=SYNCS)
+    layer = Layer.make(torch.bfloat16, **options)
+    leaves = layer.leaves()
+    args, kw = layer.call_args(leaves)
+    with audit:
+        out, final = mamba_tune.mamba_split_conv1d_scan_combined(*args, return_final_states=True, **kw)
+        torch.autograd.backward([out, final], [torch.ones_like(out), torch.ones_like(final)])
+    assert audit.seen == []
+    assert all(v.grad is not None for v in leaves.values())
