@@ -101,7 +101,8 @@ ForceOpt = Annotated[bool, typer.Option(help="Re-tune combos that are already in
 MismatchOpt = Annotated[bool, typer.Option(help="Tune even if this GPU is not the spec's target.")]
 DryOpt = Annotated[bool, typer.Option(
     help="No GPU: run the pipeline in Helion ref mode with default configs (no search) into "
-         "DIR/cpu/; for checking a spec end to end, never for real bundles.")]
+         "DIR/cpu/; for checking a spec end to end, never for real bundles. A model too big for a CPU "
+         "runs at shrunk dims (the same kernels, options and dtypes; printed).")]
 WarmOpt = Annotated[list[Path] | None, typer.Option(
     metavar="BUNDLE", dir_okay=False,
     help="Also start each search from the configs that this bundle (tuned on the same GPU SKU) holds for the "
@@ -234,6 +235,15 @@ def sweep_command(
         assert from_record is not None
         combos, source = _record_source(from_record, force=force, gpu=gpu, name=name, cpu_dry_run=cpu_dry_run)
     else:
+        if cpu_dry_run:
+            from autotune_cli.dry_run import shrink_for_cpu
+
+            spec, notes = shrink_for_cpu(spec)
+            if notes:
+                err.print("cpu dry run: dims shrunk so a CPU holds them (the same kernels, options and dtypes):",
+                          markup=False)
+            for line in notes:
+                err.print(f"  {line}", markup=False)
         combos = plan(spec)
         source = _Source(spec.kernels, spec.budget, spec.tolerances, spec.target.gpu, spec.name,
                          SpecRef(name=spec.name, path=str(spec_path), sha256=spec.sha256), str(spec_path))
