@@ -115,6 +115,38 @@ class _Running:
     isolated: bool = False
     # The worker serves further combos after this one (`worker.serve`); its inbox.
     inbox: Path | None = None
+    # Its peak resident memory, read when the sweep reaps it (`exited`).
+    maxrss_mb: float = 0.0
+
+    def exited(self) -> bool:
+        """Whether the worker exited; reaps it with wait4, which reports its peak memory."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            return self.proc.poll() is not None
+        if not pid:
+            return False
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.maxrss_mb = usage.ru_maxrss / 1024  # kilobytes on Linux
+        return True
+
+    def death(self) -> str:
+        """How a worker that left no result ended: its exit code or signal, the phase its
+        status file last named, how long it ran and its peak memory."""
+        rc = self.proc.returncode
+        if rc is not None and rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = "?"
+            how = f"was killed by signal {-rc} ({name}{': out of memory?' if -rc == signal.SIGKILL else ''})"
+        else:
+            how = f"exited with code {rc}"
+        phase = self.status().get("phase") or "start (imports and set-up; no phase reported yet)"
+        return (f"the worker (pid {self.proc.pid}) {how} in phase {phase!r} after "
+                f"{fmt_s(time.monotonic() - self.started)}, peak RSS {self.maxrss_mb:.0f} MB")
 
     @property
     def result_path(self) -> Path:
@@ -275,8 +307,11 @@ class Sweep:
             return fail(f"worker timed out after {fmt_s(self.job.timeout_s())}; its threads' stacks at that moment are "
                         f"at the end of the log (log: {run.log_path})")
         if result is None:
-            tail = _tail(run.log_path)
-            return fail(f"worker exited with code {run.proc.returncode} and no result (log: {run.log_path}){tail}")
+            tail, death = _tail(run.log_path), run.death()
+            # The log says how the worker died too (one killed by the OOM killer writes nothing).
+            with contextlib.suppress(OSError), open(run.log_path, "a") as log:
+                log.write(f"\nmamba-tune sweep: {death}\n")
+            return fail(f"{death}; no result (log: {run.log_path}){tail}")
         if "error" in result:
             return fail(f"{result['error']} (log: {run.log_path})")
         kernel = KernelProvenance.model_validate(result["kernel"])
@@ -381,7 +416,7 @@ class Sweep:
         deadline (worker killed): (run, timed_out, its result file or None), slots freed. A warm
         worker that wrote an entry and is alive waits, idle, for its slot's next combo."""
         for run in list(running):
-            alive = run.proc.poll() is None
+            alive = not run.exited()
             served = run.inbox is not None and run.result_path.exists()  # written whole (renamed in)
             timed_out = alive and not served and now > run.deadline
             if alive and not served and not timed_out:

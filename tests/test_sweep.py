@@ -373,3 +373,31 @@ def test_a_kernel_record_from_before_per_entry_fingerprints_is_kept_while_its_so
     assert set(saved.entries) == {first.key, second.key}
     writer.save(first, None, KernelProvenance(source_sha256="1" * 64))
     assert load_bundle(path).provenance.kernels["gated_norm_fwd"] == KernelProvenance(source_sha256="1" * 64)
+
+
+def test_a_worker_killed_by_a_signal_leaves_a_log_saying_how(tmp_path):
+    """A real worker SIGKILLed (what the OOM killer sends) before it wrote anything: the
+    failure and the worker's log name the signal, the phase it was in and its peak memory.
+    (A one-shot worker: a warm one killed before it took its combo has the combo queued again.)"""
+    out, tmpdir = tmp_path / "out", tmp_path / "tmp"
+    proc = subprocess.Popen(sweep_cmd(out, "--kernel", "gated_norm_fwd", "--origin", "tp=2 batch=1 seqlen=40",
+                                      "--fresh-workers"),
+                            env=env(tmpdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (workers := processes_using(tmpdir)):  # its command line names its inbox in TMPDIR
+            assert time.time() < deadline and proc.poll() is None, "no worker started"
+            time.sleep(0.05)
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, stderr.decode()[-3000:]
+    (failure,) = load_bundle(out / "cpu" / "tiny.json").failures.values()
+    m = re.match(r"the worker \(pid (\d+)\) was killed by signal 9 \(SIGKILL: out of memory\?\) in phase '(.+)' "
+                 r"after \d+m\d\ds, peak RSS (\d+) MB; no result \(log: (.+?\.log)\)", failure.reason)
+    assert m, failure.reason
+    assert int(m[1]) == workers[0] and m[2].startswith("start") and int(m[3]) > 0
+    log = Path(m[4]).read_text()
+    assert log.rstrip().endswith(f"mamba-tune sweep: {failure.reason.split('; no result')[0]}"), log[-2000:]
