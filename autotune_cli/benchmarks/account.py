@@ -4,8 +4,8 @@ Mamba-2 layer's forward + backward on both sides, each against its bound, and wh
 A stage's bound is the time its compulsory work takes at this GPU's measured rates: the bytes it
 must move (each input read once, each output written once: what a kernel that keeps everything
 else on chip moves) at the device-to-device copy bandwidth (`common.copy_gbps`), or its
-tensor-core FLOPs at the rate of a bf16 GEMM measured in the same process (`common.gemm_tflops`),
-whichever is longer. "% of bound" = bound / ours: 100% is a stage at its bound.
+tensor-core FLOPs at the rate of a GEMM in the benchmark's dtype, (tokens, 4096) x (4096, 4096),
+measured in the same process (`common.gemm_tflops`), whichever is longer. "% of bound" = bound / ours: 100% is a stage at its bound.
 
 The stages are the layer benchmark's rows (`benchmarks/layer.py`), timed alone with do_bench (L2
 flushed, so a stage alone can take longer than in the step, where its input may still be in L2):

@@ -69,7 +69,7 @@ def bench_command(
     account: Annotated[bool, typer.Option("--account",
         help="With --family layer or module: the training step's account, each stage of the forward and "
              "backward on both sides against its bound (bytes at the measured copy bandwidth or FLOPs at "
-             "a measured bf16 GEMM's rate), what is left (launch gaps, host time) and the non-GEMM total; "
+             "a measured GEMM's rate), what is left (launch gaps, host time) and the non-GEMM total; "
              "times only the rows it needs unless --layer-stage / --module-stage add others.")] = False,
     config_mode: Annotated[ConfigMode | None, typer.Option(metavar="exact|nearest|default", 
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
@@ -171,7 +171,7 @@ def bench_command(
         if account:
             tokens = lshape[1].batch * lshape[1].seqlen
             rows += acc.account_for(lshape[0], lshape[1], [r for r in rows if not acc.is_account(r)],
-                                    torch_dtype.itemsize, copy, gemm_tflops(tokens), family.value)
+                                    torch_dtype.itemsize, copy, gemm_tflops(tokens, dtype=torch_dtype), family.value)
         err.print(f"[{i}/{len(shapes)}] {shape[0]} done; elapsed {time.monotonic() - t0:.0f} s")
         if json_out is not None:
             write_results(json_out, header, rows, complete=False)

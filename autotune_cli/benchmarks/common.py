@@ -99,7 +99,7 @@ def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | 
 
 
 def gemm_tflops(m: int, n: int = 4096, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The rate (TFLOP/s) of one (m, k) x (k, n) GEMM (torch.mm, do_bench median): the
+    """The rate (TFLOP/s) of one (m, k) x (k, n) GEMM in `dtype` (torch.mm, do_bench median): the
     compute-bound ceiling for GEMM-shaped work of m rows."""
     a = torch.randn(m, k, device="cuda").to(dtype)
     b = torch.randn(k, n, device="cuda").to(dtype)
