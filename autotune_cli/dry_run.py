@@ -20,8 +20,9 @@ shapes split into) are named in the notes.
 
 from __future__ import annotations
 
+from autotune_cli.limits import dims_problem
 from autotune_cli.plan import Combo, plan
-from autotune_cli.spec import ResolvedModel, Spec, dims_problem
+from autotune_cli.spec import ResolvedModel, Spec
 
 MAX_BATCH = 2
 # Above this many elements in a model's largest SSD intermediate, its dims are shrunk (at

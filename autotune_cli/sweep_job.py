@@ -80,8 +80,8 @@ class SweepResult:
 
 
 def bundle_path_for(out_dir: Path, sku: str, name: str) -> Path:
-    """OUT/SKU/NAME.json; a name that could leave OUT (`spec.name_problem`) is SweepInputError."""
-    from autotune_cli.spec import name_problem
+    """OUT/SKU/NAME.json; a name that could leave OUT (`limits.name_problem`) is SweepInputError."""
+    from autotune_cli.limits import name_problem
 
     if why := name_problem(name):
         raise SweepInputError(f"bundle name {why}")

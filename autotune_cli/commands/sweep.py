@@ -143,7 +143,8 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
                    cpu_dry_run: bool) -> tuple[list[Combo], _Source]:
     """`--from-record`: the recorded combos without an exact entry, the target GPU and bundle name."""
     from autotune_cli.from_record import combos_from_record
-    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, name_problem
+    from autotune_cli.limits import name_problem
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
     from mamba_tune.record import RecordError
     from mamba_tune.sku import GPU_SKUS
 
@@ -326,8 +327,9 @@ def tune_command(
     warm_start: WarmOpt = None,
 ) -> None:
     """Tune one kernel at one shape (what a runtime warning about a missing config asks for)."""
+    from autotune_cli.limits import dims_problem, name_problem
     from autotune_cli.plan import Combo
-    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget, dims_problem, name_problem
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
     from autotune_cli.sweep_job import SweepJob, SweepOptions  # torch and helion
     from mamba_tune.sku import GPU_SKUS
 

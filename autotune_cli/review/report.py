@@ -33,8 +33,8 @@ class ReportInputError(ValueError):
 
 def _check_kernel_names(bundle: Bundle, source: str) -> None:
     """Figures are named after kernels (speedup-<kernel>.png): every kernel name must be a safe
-    file name (`spec.name_problem`), or a crafted bundle could write outside the report's folder."""
-    from autotune_cli.spec import name_problem
+    file name (`limits.name_problem`), or a crafted bundle could write outside the report's folder."""
+    from autotune_cli.limits import name_problem
 
     for key, e in sorted(bundle.entries.items()):
         if why := name_problem(e.kernel):
