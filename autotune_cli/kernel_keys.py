@@ -217,14 +217,6 @@ def _dbdc_bmm(shape: ModelShape) -> dict[str, int] | None:
     return {**pick(mixer_dims(shape), BMM_BWD_DBDC_DIMS[:-1]), "runs": runs}
 
 
-def _dbdc_runs_sum(shape: ModelShape) -> dict[str, int] | None:
-    """The one dB/dC kernel's partials fold (`ssd_bwd_dbdc_runs_sum`), where it splits the heads."""
-    if two_pass_dbdc(shape.dstate):
-        return None
-    runs = dbdc_head_runs(shape.batch, -(-shape.seqlen // shape.chunk_size), shape.ngroups, shape.nheads)
-    return {**pick(mixer_dims(shape), DBDC_RUNS_SUM_DIMS[:-1]), "runs": runs} if runs > 1 else None
-
-
 def _chunk_scan(shape: ModelShape) -> dict[str, int]:
     # fused_bmm: mamba_tune.ssd.combined.FUSE_BMM_DEFAULT (off), what the training call runs.
     return {**pick(mixer_dims(shape), CHUNK_SCAN_DIMS[:-1]), "fused_bmm": 0}
@@ -248,9 +240,6 @@ CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx",
 CONV1D_BWD_DIMS = CONV1D_FWD_DIMS
 CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                       "channel_last")
-# The backward in one kernel (mamba_tune.conv1d.causal_conv1d.bwd_path: `causal_conv1d_bwd_slide`):
-# what both read and write.
-CONV1D_BWD_FUSED_DIMS = (*CONV1D_FWD_DIMS, "has_dinitial_states", "has_dfinal")
 CONV1D_UPDATE_DIMS = ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens",
                       "has_state_indices")
 # d_conv of every model preset (autotune_cli.presets): the conv's width.
@@ -274,11 +263,6 @@ def conv1d_bwd_dims(shape: ModelShape) -> dict[str, int]:
 def conv1d_bwd_dx_dims(shape: ModelShape) -> dict[str, int]:
     """The mixer's backward asks for no initial states' gradient and has no final states."""
     return pick({**conv1d_fwd_dims(shape), "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_DX_DIMS)
-
-
-def conv1d_bwd_fused_dims(shape: ModelShape) -> dict[str, int]:
-    """The mixer's backward in one kernel: no initial states' gradient, no final states."""
-    return pick({**conv1d_fwd_dims(shape), "has_dinitial_states": 0, "has_dfinal": 0}, CONV1D_BWD_FUSED_DIMS)
 
 
 def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
@@ -305,8 +289,6 @@ CHUNK_STATE_SCAN_BWD_DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 # B5-B8 in two passes (per shape: two_pass_dbdc): the head-summed dCB and state terms, then the dots.
 DCB_DIMS = CHUNK_STATE_SCAN_BWD_DBDC_DIMS
 BMM_BWD_DBDC_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "runs")
-# The fp32 partials of the one dB/dC kernel's head runs folded in one launch (where it splits them).
-DBDC_RUNS_SUM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "runs")
 CHUNK_CUMSUM_BWD_DIMS = (*CHUNK_CUMSUM_DIMS, "row_partials", "last_partials")
 # Decoding.
 SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias",
@@ -319,8 +301,6 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
     KernelKey("causal_conv1d_bwd_dx", "conv1d", CONV1D_BWD_DX_DIMS, conv1d_bwd_dx_dims,
               "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_dx_kernel"),
-    KernelKey("causal_conv1d_bwd_slide", "conv1d", CONV1D_BWD_FUSED_DIMS, conv1d_bwd_fused_dims,
-              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_slide_kernel"),
     KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,
               "mamba_tune.conv1d.update:causal_conv1d_update_kernel"),
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),
@@ -347,8 +327,6 @@ KEYS: tuple[KernelKey, ...] = (
               "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:chunk_state_scan_bwd_dbdc_kernel"),
     KernelKey("ssd_chunk_state_scan_bwd_dcb", "ssd", DCB_DIMS, _dbdc_dcb, "mamba_tune.ssd.dbdc_two_pass:dcb_kernel"),
     KernelKey("ssd_bmm_bwd_dbdc", "ssd", BMM_BWD_DBDC_DIMS, _dbdc_bmm, "mamba_tune.ssd.dbdc_two_pass:dbdc_kernel"),
-    KernelKey("ssd_bwd_dbdc_runs_sum", "ssd", DBDC_RUNS_SUM_DIMS, _dbdc_runs_sum,
-              "mamba_tune.ssd.chunk_state_scan_bwd_dbdc:runs_sum_kernel"),
     KernelKey("ssd_chunk_cumsum_bwd", "ssd", CHUNK_CUMSUM_BWD_DIMS, _ssd(CHUNK_CUMSUM_BWD_DIMS),
               "mamba_tune.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_kernel"),
     KernelKey("selective_state_update", "ssd", SELECTIVE_STATE_UPDATE_DIMS, decode_dims,

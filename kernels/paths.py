@@ -75,22 +75,6 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         doc="the SSD forward's C B^T: F4 then F5, or recomputed inside F5 (`ssd_forward(fuse_bmm=...)`, the "
             "chunk scan's `fused_bmm` key dim; split measured faster)",
     ),
-    PathChoice(
-        name="ssd_dbdc_sum",
-        var="MAMBA_TUNE_SSD_DBDC_SUM",
-        choices={"torch": (), "kernel": ("ssd_bwd_dbdc_runs_sum",)},
-        default="torch",
-        doc="where the one dB/dC kernel splits a group's heads into runs, their fp32 partials added by torch "
-            "or by one kernel (not timed on a GPU yet)",
-    ),
-    PathChoice(
-        name="conv1d_bwd",
-        var="MAMBA_TUNE_CONV1D_BWD",
-        choices={"split": ("causal_conv1d_bwd", "causal_conv1d_bwd_dx"), "slide": ("causal_conv1d_bwd_slide",)},
-        default="split",
-        doc="the conv1d backward in two kernels through an fp32 dpre buffer, or in one stepping one row of "
-            "channels at a time (channel-last only; not timed on a GPU yet)",
-    ),
 )}
 
 

@@ -31,8 +31,9 @@ BAD = [
     ("MAMBA_TUNE_REQUIRE_SLURM", "true", "MAMBA_TUNE_REQUIRE_SLURM='true'; expected 0 or 1"),
     ("MAMBA_TUNE_SSD_SP_BWD", "walk", "MAMBA_TUNE_SSD_SP_BWD='walk'; expected fused or split"),
     ("MAMBA_TUNE_SSD_DBDC", "three", "MAMBA_TUNE_SSD_DBDC='three'; expected one or two"),
-    ("MAMBA_TUNE_SSD_DBDC_SUM", "fused", "MAMBA_TUNE_SSD_DBDC_SUM='fused'; expected torch or kernel"),
-    ("MAMBA_TUNE_CONV1D_BWD", "fused", "MAMBA_TUNE_CONV1D_BWD='fused'; expected split or slide"),
+    ("MAMBA_TUNE_SSD_DBDC_SUM", "kernel", "MAMBA_TUNE_SSD_DBDC_SUM: removed; torch adds the dB/dC head runs; the "
+                                          "one-kernel fold (not promoted) is experiments/dbdc_runs_sum/"),
+    ("MAMBA_TUNE_CONV1D_BWD", "slide", "MAMBA_TUNE_CONV1D_BWD: removed; the conv1d backward is the two kernels"),
     ("MAMBA_TUNE_SSD_DBDC_SIDES", "1", "MAMBA_TUNE_SSD_DBDC_SIDES: removed; dC and dB always run"),
     ("MAMBA_TUNE_SSD_DBDC_SPLITS", "4", "MAMBA_TUNE_SSD_DBDC_SPLITS: removed;"),
     ("MAMBA_TUNE_CONFIG", "/tmp", "MAMBA_TUNE_CONFIG: no such mamba-tune variable (did you mean MAMBA_TUNE_CONFIGS?)"),
@@ -74,17 +75,19 @@ def test_allowed_values_parse(name, value, want, monkeypatch):
 def test_the_runtime_reads_its_variables_through_the_one_parser(monkeypatch):
     """The mode used to warn and carry on with nearest; a path override used to fail only in the backward."""
     from mamba_tune import runtime
-    from mamba_tune.conv1d import causal_conv1d as conv
+    from mamba_tune.ssd import combined
 
     monkeypatch.setenv("MAMBA_TUNE_CONFIG_MODE", "bogus")
     with pytest.raises(env.MambaTuneEnvironmentError, match="MAMBA_TUNE_CONFIG_MODE='bogus'"):
         runtime.current_mode()
     monkeypatch.setenv("MAMBA_TUNE_CONFIG_MODE", "default")
     assert runtime.current_mode() is runtime.Mode.default
-    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", "slide")
-    assert conv.bwd_path() == "slide"
-    monkeypatch.delenv("MAMBA_TUNE_CONV1D_BWD")
-    assert conv.bwd_path() == "split"
+    assert combined._sp_bwd_split(2, 4, 128)  # the rule: few chains
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", "fused")
+    assert not combined._sp_bwd_split(2, 4, 128)
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", "walk")
+    with pytest.raises(env.MambaTuneEnvironmentError, match="MAMBA_TUNE_SSD_SP_BWD='walk'; expected fused or split"):
+        combined._sp_bwd_split(2, 4, 128)
 
 
 def _python(code: str, **variables: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,7 @@ The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32
 dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
 first one's baseline is the package's whole backward (dx included: the sum of both
 kernels' times is what compares with it); the second has none (no library runs that
-stencil alone). `causal_conv1d_bwd_slide` is the backward in one kernel (dx, dweight, dbias,
-dinitial_states), with the package's whole backward as its baseline.
+stencil alone).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import torch.nn.functional as F
 from autotune_cli.kernel_keys import (
     conv1d_bwd_dims,
     conv1d_bwd_dx_dims,
-    conv1d_bwd_fused_dims,
     conv1d_fwd_dims,
     conv1d_update_dims,
 )
@@ -46,10 +44,6 @@ def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
 
 def _bwd_dx_dims_for(shape: ModelShape) -> dict[str, int]:
     return conv1d_bwd_dx_dims(shape)
-
-
-def _bwd_fused_dims_for(shape: ModelShape) -> dict[str, int]:
-    return conv1d_bwd_fused_dims(shape)
 
 
 def _update_dims_for(shape: ModelShape) -> dict[str, int]:
@@ -234,37 +228,6 @@ def _make_bwd_dx_problem(dims: dict[str, int], dtype: torch.dtype, device: torch
     )
 
 
-def _make_bwd_fused_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
-    # Initial states where their gradient is asked for (the shape contract: only with them).
-    inp = ConvInputs({**dims, "has_initial_states": dims["has_initial_states"] or dims["has_dinitial_states"]},
-                     dtype, device, seed)
-    dx = conv._like(inp.x)
-    dinit = conv.dinit_buffer(inp.initial_states) if inp.want_dinit else None
-    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit,
-            inp.width, inp.silu)
-
-    def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-        got = {"dx": res[0].float(), "dweight": res[1].t().float()}
-        if inp.bias is not None:
-            got["dbias"] = res[2].float()
-        if dinit is not None:
-            got["dinitial_states"] = dinit[:, :, :inp.width - 1].float()
-        return got
-
-    n = inp.x.numel()
-    w = inp.width
-    return Problem(
-        args=args,
-        reference=lambda: inp.grads(True),
-        lowp_reference=lambda: inp.grads(False),
-        outputs=outputs,
-        # x and dout read, dx written.
-        bytes_moved=_bytes(inp, 3),
-        # pre and SiLU' at each of dx's width taps, then dx, dweight and dbias.
-        flops=(2 * w * w + (6 * w if inp.silu else 0) + 4 * w + 1) * n,
-    )
-
-
 class UpdateInputs:
     """Seeded inputs of one decode step: states in more slots than rows with state indices,
     cache_seqlens at random offsets (the circular buffer wraps)."""
@@ -427,16 +390,6 @@ def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
-def _bwd_slide_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    # One row of channels per step: 128-512 channels (256 B-1 KB of bf16), 128-1024 positions per
-    # program (the halo's 2 (width - 1) extra steps against the programs' count), the step loop
-    # pipelined 2-4 deep or unrolled (loads in flight).
-    return _unique([conv.CAUSAL_CONV1D_BWD_SLIDE.default_config(dims)]
-                   + [conv.slide_config(dims, bd, chunk, w, st, un) for bd, chunk, w, st, un
-                      in ((512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (256, 256, 4, 2, 2),
-                          (256, 128, 4, 4, 0), (512, 1024, 8, 2, 4))])
-
-
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # A stencil like the forward: the forward's tiles.
     return _unique([conv.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
@@ -476,17 +429,6 @@ CAUSAL_CONV1D_BWD_DX = TunableKernel(
     description="causal depthwise conv1d backward, second kernel: dx, dinitial_states from dpre",
 )
 
-CAUSAL_CONV1D_BWD_SLIDE = TunableKernel(
-    runtime=conv.CAUSAL_CONV1D_BWD_SLIDE,
-    dims_for=_bwd_fused_dims_for,
-    make_problem=_make_bwd_fused_problem,
-    make_baseline=_baseline_bwd,
-    seed_configs=_bwd_slide_seeds,
-    description="causal depthwise conv1d backward in one kernel, one position's row of channels per step: dx, "
-                "dweight, dbias, dinitial_states, the taps of x and dpre kept from the steps before "
-                "(causal-conv1d causal_conv1d_bwd; run with MAMBA_TUNE_CONV1D_BWD=slide)",
-)
-
 CAUSAL_CONV1D_UPDATE = TunableKernel(
     runtime=update.CAUSAL_CONV1D_UPDATE,
     dims_for=_update_dims_for,
@@ -496,4 +438,4 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_BWD_SLIDE, CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_UPDATE)

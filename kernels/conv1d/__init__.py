@@ -4,7 +4,6 @@ causal_conv1d.py: `causal_conv1d_fn` (forward and backward, autograd) and the ex
 `conv1d_forward` / `conv1d_backward` that the fused Mamba-2 layer calls from its own
 autograd Function; update.py: `causal_conv1d_update`, the decode step. Runtime records:
 causal_conv1d_fwd, causal_conv1d_bwd and causal_conv1d_bwd_dx (the backward's two kernels),
-causal_conv1d_bwd_slide (the backward in one kernel, mamba_tune.paths' "conv1d_bwd"),
 causal_conv1d_update; their tuning records are in
 `autotune_cli/tuning/conv1d.py`.
 """

@@ -27,10 +27,6 @@ that it reduces once at the end - which the kernel's host code sums in a fixed o
 stencil over dpre: dx[t] = sum_j weight[width - 1 - j] * dpre[t + j] over the t + j of
 t's sequence, plus the final states' gradient; with dinitial_states its positions start
 width - 1 before the sequence, and those positions' "dx" is dinitial_states.
-`causal_conv1d_bwd_slide` is the backward in one kernel, without the dpre buffer: each program steps through
-its chunk of positions one row of channels at a time, keeping the last width - 1 rows of x and of
-dpre in registers, so each position's pre-activation and dpre are computed once (channel-last rows
-only; the registry's "conv1d_bwd", mamba_tune.paths).
 
 Order: Helion kernels -> host launchers (checks) -> the explicit forward/backward that
 the fused layer calls -> autograd Function -> public function -> runtime declarations
@@ -46,7 +42,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import paths, runtime, vocab
+from mamba_tune import runtime, vocab
 from mamba_tune.conv1d.common import (
     check_activation,
     check_device,
@@ -235,149 +231,6 @@ def causal_conv1d_bwd_dx_kernel(
     return dx
 
 
-@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
-               ignore_warnings=[helion.exc.TensorOperationInWrapper])
-def causal_conv1d_bwd_slide_kernel(
-    x: torch.Tensor,  # (batch, dim, seqlen), channel-last (rows of channels at unit stride)
-    weight: torch.Tensor,  # (dim, width)
-    bias: torch.Tensor | None,  # (dim,)
-    dout: torch.Tensor,  # like x (not dx's memory: programs read dout past their own positions)
-    seq_idx: torch.Tensor | None,  # (batch, seqlen) int
-    initial_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dfinal_states: torch.Tensor | None,  # (batch, dim, width - 1)
-    dx: torch.Tensor,  # like x, written
-    dinitial_states: torch.Tensor | None,  # (batch, dim, width - 1), written
-    width: hl.constexpr,
-    silu: hl.constexpr,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, dim, seqlen = x.shape
-    # Positions per program (one fp32 dweight/dbias partial each), channels per row.
-    chunk = hl.register_block_size(seqlen)
-    block_d = hl.register_block_size(dim)
-    nchunk = (seqlen + chunk - 1) // chunk
-    dw_part = torch.empty([width, batch, nchunk, dim], dtype=torch.float32, device=x.device)
-    db_part = torch.empty([batch, nchunk, dim], dtype=torch.float32, device=x.device)
-    for tile_b, tile_d, tile_c in hl.tile([batch, dim, seqlen], block_size=[1, block_d, chunk]):
-        b = tile_b.begin
-        c0 = tile_c.begin
-        c1 = tile_c.end
-        lanes = tile_d.index >= 0  # all true: masks of one position's row of channels
-        w0 = weight[tile_d, 0].to(torch.float32)
-        w1 = weight[tile_d, 1].to(torch.float32)
-        w2 = weight[tile_d, min(2, width - 1)].to(torch.float32)
-        w3 = weight[tile_d, min(3, width - 1)].to(torch.float32)
-        bv = hl.zeros([tile_d], dtype=torch.float32)
-        if bias is not None:
-            bv = bias[tile_d].to(torch.float32)
-        zero = hl.zeros([tile_d], dtype=torch.float32)
-        # The last width - 1 rows of x (or the initial states) and of dpre, newest first, and
-        # their sequences (-1 outside x: no tap crosses them, as no tap crosses a sequence's start).
-        x1 = zero
-        x2 = zero
-        x3 = zero
-        d1 = zero
-        d2 = zero
-        d3 = zero
-        s1 = hl.zeros([tile_d], dtype=torch.int32) - 1
-        s2 = s1
-        s3 = s1
-        acc0 = zero
-        acc1 = zero
-        acc2 = zero
-        acc3 = zero
-        accb = zero
-        # Position t from width - 1 before the chunk (their x enters its first pre-activations)
-        # to width - 2 past it (their dpre enters its last dx): one row per step, so the taps
-        # of x and dpre are the rows kept from the steps before (no recompute, no buffer).
-        for i in hl.grid(chunk + 2 * (width - 1)):
-            t = c0 - (width - 1) + i
-            inx = lanes & (t >= 0) & (t < seqlen)
-            tc = min(max(t, 0), seqlen - 1)
-            xv = hl.load(x, [b, tile_d, tc], extra_mask=inx).to(torch.float32)
-            if initial_states is not None:
-                xv = xv + hl.load(initial_states, [b, tile_d, min(max(t + (width - 1), 0), width - 2)],
-                                  extra_mask=lanes & (t < 0) & (t >= -(width - 1))).to(torch.float32)
-            st = zero.to(torch.int32) - 1
-            if seq_idx is not None:
-                st = torch.where(inx, hl.load(seq_idx, [b, tc]).to(torch.int32) + zero.to(torch.int32), -1)
-            # pre[t] = bias + sum_k weight[k] x[t - (width - 1) + k] (k in order, as the forward).
-            xs = [xv, x1, x2, x3]
-            ss = [st, s1, s2, s3]
-            ws = [w0, w1, w2, w3]
-            pre = bv + zero
-            for k in hl.static_range(width):
-                tap = xs[width - 1 - k]
-                if seq_idx is not None:
-                    tap = torch.where(ss[width - 1 - k] == st, tap, 0.0)
-                pre = pre + ws[k] * tap
-            live = inx & (t >= c0)
-            if seq_idx is not None:
-                live = live & (st >= 0)  # padding: output 0, no gradient
-            g = hl.load(dout, [b, tile_d, tc], extra_mask=live).to(torch.float32)
-            if silu:
-                sg = torch.sigmoid(pre)
-                g = g * sg * (1.0 + pre * (1.0 - sg))
-            g = torch.where(live, g, 0.0)
-            # dweight's and dbias's terms at the chunk's own positions.
-            own = (t < c1) & (t >= c0)
-            gw = torch.where(own & lanes, g, 0.0)
-            for k in hl.static_range(width):
-                tap = xs[width - 1 - k]
-                if seq_idx is not None:
-                    tap = torch.where(ss[width - 1 - k] == st, tap, 0.0)
-                if k == 0:
-                    acc0 = acc0 + gw * tap
-                if k == 1:
-                    acc1 = acc1 + gw * tap
-                if k == 2:
-                    acc2 = acc2 + gw * tap
-                if k == 3:
-                    acc3 = acc3 + gw * tap
-            if bias is not None:
-                accb = accb + gw
-            # dx[s], s = t - (width - 1): sum_j weight[width - 1 - j] dpre[s + j] over the s + j of s's
-            # sequence (j in order, as causal_conv1d_bwd_dx), plus the final states' gradient.
-            s = t - (width - 1)
-            ds = [g, d1, d2, d3]
-            acc = zero
-            for j in hl.static_range(width):
-                c = ws[width - 1 - j] * ds[width - 1 - j]
-                if seq_idx is not None:
-                    c = torch.where(ss[width - 1 - j] == ss[width - 1], c, 0.0)
-                acc = acc + c
-            if dfinal_states is not None:
-                f = s - (seqlen - (width - 1))
-                acc = acc + hl.load(dfinal_states, [b, tile_d, min(max(f, 0), width - 2)],
-                                    extra_mask=lanes & (f >= 0) & (s < seqlen)).to(torch.float32)
-            mine = (s >= c0) & (s < c1)
-            hl.store(dx, [b, tile_d, min(max(s, 0), seqlen - 1)], acc.to(dx.dtype), extra_mask=lanes & mine)
-            if dinitial_states is not None:
-                hl.store(dinitial_states, [b, tile_d, min(max(s + (width - 1), 0), width - 2)],
-                         acc.to(dinitial_states.dtype), extra_mask=lanes & (c0 == 0) & (s < 0) & (s >= -(width - 1)))
-            x3 = x2
-            x2 = x1
-            x1 = xv
-            d3 = d2
-            d2 = d1
-            d1 = g
-            s3 = s2
-            s2 = s1
-            s1 = st
-        dw_part[0, b, tile_c.id, tile_d] = acc0
-        dw_part[1, b, tile_c.id, tile_d] = acc1
-        if width > 2:
-            dw_part[2, b, tile_c.id, tile_d] = acc2
-        if width > 3:
-            dw_part[3, b, tile_c.id, tile_d] = acc3
-        if bias is not None:
-            db_part[b, tile_c.id, tile_d] = accb
-    dw = dw_part.sum(dim=(1, 2))
-    db = torch.zeros([dim], dtype=torch.float32, device=x.device)  # without a bias (Helion cannot return None here)
-    if bias is not None:
-        db = db_part.sum(dim=(0, 1))
-    return dx, dw, db
-
-
 # --- host launchers -------------------------------------------------------------------
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
@@ -468,14 +321,6 @@ def conv1d_forward(
     return out
 
 
-def bwd_path() -> str:
-    """Which backward runs: "split" (the two kernels: the default) or "slide" (one kernel; where it
-    cannot run, the two). The slide form moves about 0.6 GB at Nemotron-3 Nano TP1 against the two
-    kernels' 1.4 GB (x and dout read, dx written, against that plus dpre's fp32 round trip), with
-    the pre-activation computed once per position, and has not been timed on a GPU yet."""
-    return paths.choose("conv1d_bwd", "split")
-
-
 def conv1d_backward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -526,18 +371,6 @@ def conv1d_backward(
         dx = _like(x)
     dinit = dinit_buffer(initial_states) if return_dinitial_states else None
     seq_idx = None if seq_idx is None else seq_idx.contiguous()
-    path = bwd_path()
-    # The slide kernel steps through positions one row of channels at a time: rows at unit
-    # stride (channel-last x, dout and dx) or it would read a cache line per channel.
-    if path == "slide" and not (channel_last(x) and channel_last(dout) and channel_last(dx)):
-        path = "split"
-    if path == "slide" and dx.untyped_storage().data_ptr() != dout.untyped_storage().data_ptr():
-        # One kernel, no dpre buffer (dx may not share dout's memory: programs read dout past
-        # their own positions while others write dx there).
-        dx, dw, db = runtime.run(CAUSAL_CONV1D_BWD_SLIDE, (x, weight, bias, dout, seq_idx, initial_states,
-                                                           dfinal_states, dx, dinit, int(width), bool(silu)))
-        return (dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype),
-                None if dinit is None else dinit[:, :, :width - 1])
     # dpre = dout * silu'(pre), fp32 in x's layout: written by the first kernel (with
     # dweight and dbias), read by the second (dx); freed on return.
     dpre = _like(x, torch.float32)
@@ -623,8 +456,6 @@ FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_i
 BWD_DIMS = FWD_DIMS
 BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                "channel_last")
-# The one-kernel backward (slide) reads what both do, and writes dx and dinitial_states.
-BWD_FUSED_DIMS = (*FWD_DIMS, "has_dinitial_states", "has_dfinal")
 # Dims the runtime's nearest rule may vary: a config tuned at one model's xBC width and
 # sequence length serves neighbouring ones (each within 4x); width, the flags and the
 # layout stay structural.
@@ -658,15 +489,6 @@ def _bwd_dx_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width),
             "has_seq_idx": int(seq_idx is not None), "has_dinitial_states": int(dinit is not None),
             "has_dfinal": int(dfinal is not None), "channel_last": channel_last(dpre)}
-
-
-def _bwd_fused_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    x, _w, bias, _dout, seq_idx, initial_states, dfinal, _dx, dinit, width, silu = args
-    batch, dim, seqlen = x.shape
-    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
-            "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "silu": int(silu), "channel_last": channel_last(x), "has_dinitial_states": int(dinit is not None),
-            "has_dfinal": int(dfinal is not None)}
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -727,33 +549,6 @@ CAUSAL_CONV1D_BWD = runtime.RuntimeKernel(
     size_dims=SIZE_DIMS,
     dims_from_args=_bwd_dims_from_args,
     default_config=_bwd_default,
-)
-
-# One program per (row, chunk of positions, block of channels). Its loop steps one row at a time,
-# so what keeps loads in flight is a wide row per warp and the loop's software pipeline
-# (range_num_stages of the step loop, the second of the kernel's two loops) or its unrolling.
-def slide_config(dims: dict[str, int], bd: int, chunk: int, num_warps: int = 4, stages: int = 3,
-                 unroll: int = 0) -> dict[str, Any]:
-    """The slide backward's config: `chunk` positions per program, `bd` channels a row, the step
-    loop pipelined `stages` deep and unrolled `unroll` times (0: the compiler's choice)."""
-    return {"block_sizes": [_pow2_at_most(dims["seqlen"], chunk), _pow2_at_most(dims["dim"], bd)],
-            "num_warps": num_warps, "num_stages": 1, "range_num_stages": [0, stages],
-            "range_unroll_factors": [0, unroll]}
-
-
-def _bwd_slide_default(dims: dict[str, int]) -> dict[str, Any]:
-    # 256 positions (3 % more steps for the halo at width 4), 256 channels (512 B of bf16 a row).
-    return slide_config(dims, 256, 256)
-
-
-CAUSAL_CONV1D_BWD_SLIDE = runtime.RuntimeKernel(
-    name="causal_conv1d_bwd_slide",
-    family="conv1d",
-    kernel=causal_conv1d_bwd_slide_kernel,
-    dims=BWD_FUSED_DIMS,
-    size_dims=SIZE_DIMS,
-    dims_from_args=_bwd_fused_dims_from_args,
-    default_config=_bwd_slide_default,
 )
 
 CAUSAL_CONV1D_BWD_DX = runtime.RuntimeKernel(

@@ -31,9 +31,8 @@ Where a group has many heads and there are few (chunk, group) pairs (one group o
 in Mamba2 / Zamba2: 64 pairs at batch 2, seqlen 8192 with chunk 256), one program per pair
 and dstate block leaves most SMs idle while it walks all the heads. The host then splits each
 group's heads into `head_splits` consecutive runs, one program each, writing fp32 partial dB
-and dC that it sums over the runs in a fixed order (mamba-ssm splits its heads by SM count and
-adds the partials with torch too): with torch (a sum and a cast for each), or with
-`runs_sum_kernel` (both in one launch, the runs added in order and rounded once; `sum_path`).
+and dC that it sums over the runs in a fixed order with torch, a sum and a cast for each (mamba-ssm
+splits its heads by SM count and adds the partials with torch too).
 With one run (Nemotron's 8-head groups) the program writes dB and dC in the inputs' dtype as before.
 
 dC and dB are two branches of the program, and the grid runs one program for each (`SIDES`):
@@ -52,7 +51,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import paths, runtime
+from mamba_tune import runtime
 from mamba_tune.ssd import common
 from mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx import SLOT_N
 
@@ -204,29 +203,6 @@ def chunk_state_scan_bwd_dbdc_kernel(
     return dB, dC
 
 
-@helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
-def runs_sum_kernel(
-    dB_part: torch.Tensor,  # (runs, batch, seqlen, ngroups, dstate) fp32: the head runs' partial dB
-    dC_part: torch.Tensor,  # like dB_part
-    dB: torch.Tensor,  # (batch, seqlen, ngroups, dstate) in x's dtype, written
-    dC: torch.Tensor,  # like dB
-) -> tuple[torch.Tensor, torch.Tensor]:
-    runs, batch, seqlen, ngroups, dstate = dB_part.shape
-    for tile_b, tile_l, tile_g in hl.tile([batch, seqlen, ngroups], block_size=[1, None, 1]):
-        b = tile_b.begin
-        g = tile_g.begin
-        # The runs in order, in fp32, rounded once: a fixed order (no atomics) and no fp32 sum
-        # in memory between the adds and the cast.
-        acc_b = hl.zeros([tile_l, dstate], dtype=torch.float32)
-        acc_c = hl.zeros([tile_l, dstate], dtype=torch.float32)
-        for tile_r in hl.tile(runs, block_size=1):
-            acc_b = acc_b + dB_part[tile_r.begin, b, tile_l, g, :]
-            acc_c = acc_c + dC_part[tile_r.begin, b, tile_l, g, :]
-        dB[b, tile_l, g, :] = acc_b.to(dB.dtype)
-        dC[b, tile_l, g, :] = acc_c.to(dC.dtype)
-    return dB, dC
-
-
 # --- host launcher --------------------------------------------------------------------
 
 
@@ -258,25 +234,15 @@ def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.T
     return (torch.empty(shape, dtype=dtype, device=x.device), torch.empty(shape, dtype=dtype, device=x.device))
 
 
-def sum_path() -> str:
-    """How `sum_runs` adds the head runs' fp32 partials: "torch" (the default: a sum and a cast each
-    for dB and dC, four launches and an fp32 sum in memory) or "kernel" (`runs_sum_kernel`: both in
-    one launch; not timed on a GPU yet, so not the default): the registry's "ssd_dbdc_sum"."""
-    return paths.choose("ssd_dbdc_sum", "torch")
-
-
 def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """dB or dC from the kernel's buffer: the partials summed over the runs in order (torch)."""
     return part[0] if part.size(0) == 1 else part.sum(0).to(dtype)
 
 
 def sum_runs(dB_part: torch.Tensor, dC_part: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dB, dC) in `dtype` from `out_buffers`' two buffers, on the path `sum_path` names."""
-    if dB_part.size(0) == 1 or sum_path() == "torch":
-        return sum_splits(dB_part, dtype), sum_splits(dC_part, dtype)
-    dB = torch.empty(dB_part.shape[1:], dtype=dtype, device=dB_part.device)
-    dC = torch.empty_like(dB)
-    return runtime.run(SSD_BWD_DBDC_RUNS_SUM, (dB_part, dC_part, dB, dC))
+    """(dB, dC) in `dtype` from `out_buffers`' two buffers: the runs' partials summed by torch (a sum
+    and a cast each; experiments/dbdc_runs_sum/ folds both in one kernel: not promoted)."""
+    return sum_splits(dB_part, dtype), sum_splits(dC_part, dtype)
 
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -322,32 +288,4 @@ SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
     dtype_arg=2,  # dy: the model's dtype (dB and dC are fp32 partials when the heads are split)
-)
-
-
-# The head runs' fold (`sum_runs` on the "kernel" path): dB's dims and the run count, the
-# trip count of its loop (a static range in some configs, so a key dim).
-RUNS_SUM_DIMS = ("batch", "seqlen", "ngroups", "dstate", "runs")
-
-
-def _runs_sum_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    dB_part, _dC_part, _dB, _dC = args
-    runs, batch, seqlen, ngroups, dstate = dB_part.shape
-    return {"batch": batch, "seqlen": seqlen, "ngroups": ngroups, "dstate": dstate, "runs": runs}
-
-
-# Default (no tuned entry): 32 positions of a whole dstate row per program (32 x dstate fp32 values of
-# each side's partials a step), 4 warps: a streaming fold, memory-bound.
-_RUNS_SUM_DEFAULT = common.clamped_default([32], ("seqlen",), 4, 2)
-
-
-SSD_BWD_DBDC_RUNS_SUM = runtime.RuntimeKernel(
-    name="ssd_bwd_dbdc_runs_sum",
-    family="ssd",
-    kernel=runs_sum_kernel,
-    dims=RUNS_SUM_DIMS,
-    size_dims=common.size_dims(RUNS_SUM_DIMS),
-    dims_from_args=_runs_sum_dims_from_args,
-    default_config=_RUNS_SUM_DEFAULT,
-    dtype_arg=2,  # dB: the model's dtype (the partials are fp32)
 )

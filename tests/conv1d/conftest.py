@@ -26,7 +26,7 @@ SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
 
 def _conv_kernels() -> list[Any]:
     return [causal_conv1d.causal_conv1d_fwd_kernel, causal_conv1d.causal_conv1d_bwd_kernel,
-            causal_conv1d.causal_conv1d_bwd_dx_kernel, causal_conv1d.causal_conv1d_bwd_slide_kernel,
+            causal_conv1d.causal_conv1d_bwd_dx_kernel,
             update.causal_conv1d_update_kernel]
 
 

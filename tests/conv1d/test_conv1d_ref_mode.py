@@ -18,15 +18,8 @@ from autotune_cli.reference import causal_conv1d_ref
 from mamba_tune.conv1d import causal_conv1d as conv
 from mamba_tune.conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
 
-pytestmark = pytest.mark.usefixtures("conv_ref_mode", "bwd_path")
+pytestmark = pytest.mark.usefixtures("conv_ref_mode")
 
-
-@pytest.fixture(autouse=True, params=["split", "slide"])
-def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on each backward path: two kernels through the fp32 dpre buffer, and the
-    one-kernel slide form (where x is channel-last; elsewhere it takes the two)."""
-    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", request.param)
-    return request.param
 
 LAYOUTS = ("contiguous", "channel_last")
 # (bias, seq_idx, initial_states, final_states, silu)
@@ -229,14 +222,12 @@ def test_explicit_forward_and_backward(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_dx_may_be_written_over_dout(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The first kernel reads all of dout (into dpre) before the second writes dx; the one-kernel
-    # forms would read dout where other programs write dx, so that call takes the two kernels.
+def test_dx_may_be_written_over_dout(layout: str) -> None:
+    # The first kernel reads all of dout (into dpre) before the second writes dx.
     case = Case(layout, 4, "seq_idx-bias-silu")
     dout = case.dout.clone()
     got = conv1d_backward(case.x, case.weight, case.bias, dout, case.seq_idx, None, None, dout, False, True)
     assert got[0] is dout
-    monkeypatch.setenv("MAMBA_TUNE_CONV1D_BWD", "split")
     expected = conv1d_backward(case.x, case.weight, case.bias, case.dout, case.seq_idx, None, None, None, False,
                                True)
     for a, b in zip(got[:3], expected[:3], strict=True):

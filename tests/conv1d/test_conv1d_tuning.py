@@ -20,7 +20,6 @@ def _cases() -> list[tuple[str, str, dict[str, int]]]:
     fwd = get("causal_conv1d_fwd").dims_for(SHAPE)
     bwd = get("causal_conv1d_bwd").dims_for(SHAPE)
     bwd_dx = get("causal_conv1d_bwd_dx").dims_for(SHAPE)
-    slide = get("causal_conv1d_bwd_slide").dims_for(SHAPE)
     upd = get("causal_conv1d_update").dims_for(SHAPE)
     states = {"has_seq_idx": 0, "has_initial_states": 1}
     return [
@@ -33,10 +32,6 @@ def _cases() -> list[tuple[str, str, dict[str, int]]]:
         ("bwd_dx-states", "causal_conv1d_bwd_dx", {**bwd_dx, "has_seq_idx": 0, "has_dinitial_states": 1,
                                                    "has_dfinal": 1}),
         ("bwd_dx-contiguous", "causal_conv1d_bwd_dx", {**bwd_dx, "channel_last": 0, "width": 3}),
-        ("bwd_slide-mixer", "causal_conv1d_bwd_slide", slide),
-        ("bwd_slide-states", "causal_conv1d_bwd_slide", {**slide, **states, "has_dinitial_states": 1,
-                                                         "has_dfinal": 1}),
-        ("bwd_slide-width2-nosilu", "causal_conv1d_bwd_slide", {**slide, "silu": 0, "width": 2}),
         ("update-decode", "causal_conv1d_update", upd),
         ("update-slots", "causal_conv1d_update", {**upd, "seqlen": 3, "state_len": 6, "has_cache_seqlens": 1,
                                                   "has_state_indices": 1}),

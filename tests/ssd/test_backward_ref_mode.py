@@ -29,7 +29,7 @@ SHAPES = [
     pytest.param((2, 37, 6, 20, 3, 24, 16), id="L37-Q16-G3-P20-N24"),  # odd sizes, 3 groups
 ]
 STAGES = ["ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
-          "ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc", "ssd_bwd_dbdc_runs_sum", "ssd_chunk_cumsum_bwd"]
+          "ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc", "ssd_chunk_cumsum_bwd"]
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
 

@@ -6,8 +6,7 @@ mamba-ssm's backward on the same inputs: our error against fp32 within twice mam
 plus atol, for every gradient; bitwise-equal gradients across runs; CUDA graph capture.
 ONE_GROUP (Mamba2 / Zamba2's one group of 80 heads) is where the dB/dC kernel splits a
 group's heads into runs with fp32 partials: the dB/dC stage, the gradients against mamba-ssm
-and the bitwise check run there too, and the partials' fold in one kernel (MAMBA_TUNE_SSD_DBDC_SUM=kernel)
-against the torch sums.
+and the bitwise check run there too.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
 
 @pytest.mark.parametrize("stage,shape", [*[pytest.param(s, NANO, id=s) for s in STAGES],
                                          pytest.param("ssd_chunk_state_scan_bwd_dbdc", ONE_GROUP, id="dbdc-one-group"),
-                                         pytest.param("ssd_state_passing_bwd", ONE_GROUP, id="walk-one-group"),
-                                         pytest.param("ssd_bwd_dbdc_runs_sum", ONE_GROUP, id="runs-sum-one-group")])
+                                         pytest.param("ssd_state_passing_bwd", ONE_GROUP, id="walk-one-group")])
 def test_backward_stage_at_model_size(stage, shape, nan_empty):
     tk = get(stage)
     dims = tk.dims_for(shape)
@@ -149,26 +147,3 @@ def _assert_captured_step_is_eager(i: SSDInputs, dy: torch.Tensor, names: tuple[
 def test_backward_captures_in_a_cuda_graph():
     i = _inputs({}, 7)
     _assert_captured_step_is_eager(i, torch.randn_like(i.x), ("x", "dt", "B"))
-
-
-def test_the_runs_fold_kernel_gives_the_torch_paths_gradients(monkeypatch):
-    """At one group of 80 heads (8 head runs): the fold kernel's dB and dC within one bf16
-    rounding of the torch path's (the order of the fp32 adds may differ), every other gradient
-    bitwise the same; bitwise equal across runs; captured in a CUDA graph."""
-    from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
-
-    i = _inputs({"has_seq_idx": 1, "has_initial_states": 1}, 8, shape=ONE_GROUP)
-    gen = torch.Generator(device="cpu").manual_seed(8)
-    dy = torch.randn(*i.x.shape, generator=gen).to(torch.bfloat16).cuda()
-    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "torch")
-    want = _grads(mamba_chunk_scan_combined, i, dy, None)
-    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", "kernel")
-    got, again = _grads(mamba_chunk_scan_combined, i, dy, None), _grads(mamba_chunk_scan_combined, i, dy, None)
-    for name in want:
-        assert torch.equal(got[name], again[name]), f"d{name} differs between two runs"
-        if name in ("B", "C"):
-            diff = (got[name].float() - want[name].float()).abs()
-            assert (diff <= 2 ** -8 * want[name].float().abs() + 1e-6).all(), f"d{name}: {diff.max().item():.3e}"
-        else:
-            assert torch.equal(got[name], want[name]), f"d{name} changed with the sum path"
-    _assert_captured_step_is_eager(i, dy, ("x", "B", "C"))

@@ -27,7 +27,6 @@ KERNELS = (
     state_passing_bwd.SSD_STATE_PASSING_BWD,
     chunk_scan_chunk_state_bwd_dx.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
     chunk_state_scan_bwd_dbdc.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
-    chunk_state_scan_bwd_dbdc.SSD_BWD_DBDC_RUNS_SUM,
     dbdc_two_pass.SSD_CHUNK_STATE_SCAN_BWD_DCB,
     dbdc_two_pass.SSD_BMM_BWD_DBDC,
     chunk_cumsum_bwd.SSD_CHUNK_CUMSUM_BWD,
