@@ -296,11 +296,11 @@ SELECTIVE_STATE_UPDATE_DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate"
 
 KEYS: tuple[KernelKey, ...] = (
     KernelKey("causal_conv1d_fwd", "conv1d", CONV1D_FWD_DIMS, conv1d_fwd_dims,
-              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_fwd_kernel"),
+              "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel"),
     KernelKey("causal_conv1d_bwd", "conv1d", CONV1D_BWD_DIMS, conv1d_bwd_dims,
-              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_kernel"),
+              "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel"),
     KernelKey("causal_conv1d_bwd_dx", "conv1d", CONV1D_BWD_DX_DIMS, conv1d_bwd_dx_dims,
-              "mamba_tune.conv1d.causal_conv1d:causal_conv1d_bwd_dx_kernel"),
+              "mamba_tune.conv1d.bwd:causal_conv1d_bwd_dx_kernel"),
     KernelKey("causal_conv1d_update", "conv1d", CONV1D_UPDATE_DIMS, conv1d_update_dims,
               "mamba_tune.conv1d.update:causal_conv1d_update_kernel"),
     KernelKey("gated_norm_fwd", "norm", NORM_DIMS, _norm, "mamba_tune.norm.gated:gated_norm_fwd_kernel"),

@@ -30,8 +30,7 @@ from autotune_cli.kernel_keys import (
 )
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
-from mamba_tune.conv1d import causal_conv1d as conv
-from mamba_tune.conv1d import update
+from mamba_tune.conv1d import bwd, common, fwd, update
 
 
 def _fwd_dims_for(shape: ModelShape) -> dict[str, int]:
@@ -136,7 +135,7 @@ def _bytes(inp: ConvInputs, n_seq: int) -> int:
 
 def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     inp = ConvInputs(dims, dtype, device, seed)
-    out = conv._like(inp.x)
+    out = common.like(inp.x)
     args = (inp.x, inp.weight, inp.bias, inp.seq_idx, inp.initial_states, out, inp.width, inp.silu)
     return Problem(
         args=args,
@@ -150,7 +149,7 @@ def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
 
 def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     inp = ConvInputs(dims, dtype, device, seed)
-    dpre = conv._like(inp.x, torch.float32)
+    dpre = common.like(inp.x, torch.float32)
     args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, dpre, inp.width, inp.silu)
 
     def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -182,10 +181,10 @@ def _make_bwd_dx_problem(dims: dict[str, int], dtype: torch.dtype, device: torch
     # The inputs' initial states only give dinitial_states its shape (the conv is linear in them).
     inp = ConvInputs({**dims, "has_initial_states": dims["has_dinitial_states"]}, dtype, device, seed)
     # dpre as the first kernel writes it (the dims name no SiLU: dout in fp32, 0 at padding).
-    dpre = conv._like(inp.x, torch.float32)
+    dpre = common.like(inp.x, torch.float32)
     dpre.copy_(inp.dpre(upcast=True))
-    dx = conv._like(inp.x)
-    dinit = conv.dinit_buffer(inp.initial_states) if inp.want_dinit else None
+    dx = common.like(inp.x)
+    dinit = common.dinit_buffer(inp.initial_states) if inp.want_dinit else None
     args = (dpre, inp.weight, inp.seq_idx, inp.dfinal, dx, dinit, inp.width)
 
     def outputs(res: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -378,22 +377,22 @@ def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _fwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
-    return _unique([conv.CAUSAL_CONV1D_FWD.default_config(dims)]
-                   + [conv.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
+    return _unique([fwd.CAUSAL_CONV1D_FWD.default_config(dims)]
+                   + [fwd.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
 
 
 def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # Half the forward's tiles (the backward holds more at once), 512-2048 positions per program.
     tiles = [(bd, max(1, bl // 2), w) for bd, bl, w in _tiles(dims)]
-    return _unique([conv.CAUSAL_CONV1D_BWD.default_config(dims)]
-                   + [conv.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
+    return _unique([bwd.CAUSAL_CONV1D_BWD.default_config(dims)]
+                   + [bwd.bwd_config(dims, bd, bl, w, chunk) for (bd, bl, w), chunk
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # A stencil like the forward: the forward's tiles.
-    return _unique([conv.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
-                   + [conv.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
+    return _unique([bwd.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
+                   + [fwd.fwd_config(dims, bd, bl, w) for bd, bl, w in _tiles(dims)])
 
 
 def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
@@ -402,7 +401,7 @@ def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
 
 
 CAUSAL_CONV1D_FWD = TunableKernel(
-    runtime=conv.CAUSAL_CONV1D_FWD,
+    runtime=fwd.CAUSAL_CONV1D_FWD,
     dims_for=_fwd_dims_for,
     make_problem=_make_fwd_problem,
     make_baseline=_baseline_fwd,
@@ -411,7 +410,7 @@ CAUSAL_CONV1D_FWD = TunableKernel(
 )
 
 CAUSAL_CONV1D_BWD = TunableKernel(
-    runtime=conv.CAUSAL_CONV1D_BWD,
+    runtime=bwd.CAUSAL_CONV1D_BWD,
     dims_for=_bwd_dims_for,
     make_problem=_make_bwd_problem,
     make_baseline=_baseline_bwd,
@@ -421,7 +420,7 @@ CAUSAL_CONV1D_BWD = TunableKernel(
 )
 
 CAUSAL_CONV1D_BWD_DX = TunableKernel(
-    runtime=conv.CAUSAL_CONV1D_BWD_DX,
+    runtime=bwd.CAUSAL_CONV1D_BWD_DX,
     dims_for=_bwd_dx_dims_for,
     make_problem=_make_bwd_dx_problem,
     make_baseline=None,  # no library runs this stencil alone (causal_conv1d_bwd's baseline is the whole backward)

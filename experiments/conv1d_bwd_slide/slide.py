@@ -1,5 +1,5 @@
-"""The conv1d backward in one kernel stepping one row of channels at a time: a candidate not yet
-timed on a GPU.
+"""The conv1d backward in one kernel stepping one row of channels at a time: a candidate, fast but
+wrong when compiled (experiments/README.md has the H100 figures).
 
 `causal_conv1d_bwd_slide_kernel` is the backward (dx, dweight, dbias, dinitial_states) without the
 two kernels' fp32 dpre buffer: each program steps through its chunk of positions one row of
@@ -9,8 +9,8 @@ against the two kernels' 1.4 GB (x and dout read, dx written, against that plus 
 trip). Rows must be unit-stride (channel-last x, dout and dx), and dx may not share dout's memory
 (programs read dout past their own positions). `conv1d_backward_slide` runs it as
 `mamba_tune.conv1d.conv1d_backward` runs the two kernels (its tests and `time_slide.py` compare
-them); nothing in `mamba_tune` imports this file. If it wins on a GPU, it moves into the conv1d
-family as the channel-last default.
+them); nothing in `mamba_tune` imports this file. Once its compiled dx is right and it still wins
+on a GPU, it moves into the conv1d family as the channel-last default.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import helion.language as hl
 import torch
 
 from mamba_tune import runtime
-from mamba_tune.conv1d import causal_conv1d as conv
+from mamba_tune.conv1d import common, fwd
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -170,7 +170,7 @@ def causal_conv1d_bwd_slide_kernel(
 
 
 # Its key dims: what the two kernels read and write together.
-DIMS = (*conv.FWD_DIMS, "has_dinitial_states", "has_dfinal")
+DIMS = (*fwd.FWD_DIMS, "has_dinitial_states", "has_dfinal")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -178,7 +178,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     batch, dim, seqlen = x.shape
     return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
             "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "silu": int(silu), "channel_last": conv.channel_last(x), "has_dinitial_states": int(dinit is not None),
+            "silu": int(silu), "channel_last": common.channel_last(x), "has_dinitial_states": int(dinit is not None),
             "has_dfinal": int(dfinal is not None)}
 
 
@@ -214,7 +214,7 @@ SLIDE = runtime.RuntimeKernel(
     family="conv1d",
     kernel=causal_conv1d_bwd_slide_kernel,
     dims=DIMS,
-    size_dims=conv.SIZE_DIMS,
+    size_dims=fwd.SIZE_DIMS,
     dims_from_args=_dims_from_args,
     default_config=default_config,
 )
@@ -226,11 +226,11 @@ def conv1d_backward_slide(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`mamba_tune.conv1d.conv1d_backward`'s result (dx, dweight, dbias, dinitial_states) from the
     slide kernel; x and dout channel-last (x.stride(1) == 1), dx a fresh buffer."""
-    if not (conv.channel_last(x) and conv.channel_last(dout)):
+    if not (common.channel_last(x) and common.channel_last(dout)):
         raise ValueError(f"slide: x and dout must be channel-last, got strides {x.stride()} and {dout.stride()}")
     width = weight.shape[1]
-    dx = conv._like(x)
-    dinit = conv.dinit_buffer(initial_states) if return_dinitial_states else None
+    dx = common.like(x)
+    dinit = common.dinit_buffer(initial_states) if return_dinitial_states else None
     seq_idx = None if seq_idx is None else seq_idx.contiguous()
     dx, dw, db = runtime.run(SLIDE, (x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dinit,
                                      int(width), bool(silu)))

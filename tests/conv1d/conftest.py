@@ -19,14 +19,14 @@ import pytest
 from helion.runtime.ref_mode import RefMode
 
 from mamba_tune import runtime
-from mamba_tune.conv1d import causal_conv1d, update
+from mamba_tune.conv1d import bwd, fwd, update
 
 SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
 
 
 def _conv_kernels() -> list[Any]:
-    return [causal_conv1d.causal_conv1d_fwd_kernel, causal_conv1d.causal_conv1d_bwd_kernel,
-            causal_conv1d.causal_conv1d_bwd_dx_kernel,
+    return [fwd.causal_conv1d_fwd_kernel, bwd.causal_conv1d_bwd_kernel,
+            bwd.causal_conv1d_bwd_dx_kernel,
             update.causal_conv1d_update_kernel]
 
 

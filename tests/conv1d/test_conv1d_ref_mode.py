@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from autotune_cli.reference import causal_conv1d_ref
-from mamba_tune.conv1d import causal_conv1d as conv
-from mamba_tune.conv1d import causal_conv1d_fn, conv1d_backward, conv1d_forward
+from mamba_tune.conv1d import causal_conv1d_fn, common, conv1d_backward, conv1d_forward, fwd
 
 pytestmark = pytest.mark.usefixtures("conv_ref_mode")
 
@@ -249,12 +248,12 @@ def test_channel_last_strided_view_is_not_copied() -> None:
     zxbcdt = torch.randn(2, 11, 20, generator=gen)
     x = zxbcdt[:, :, 4:12].transpose(1, 2)
     assert x.stride(1) == 1 and not x.is_contiguous()
-    assert conv._strided(x) is x
+    assert common.strided(x) is x
     weight = torch.randn(8, 4, generator=gen)
     out = causal_conv1d_fn(x, weight, activation="silu")
     assert out.stride(1) == 1 and out.transpose(1, 2).is_contiguous()
     assert _err(out, causal_conv1d_ref(x, weight, activation="silu")[0]) < 1e-5
-    dims = conv._fwd_dims_from_args((x, weight, None, None, None, out, 4, True))
+    dims = fwd._fwd_dims_from_args((x, weight, None, None, None, out, 4, True))
     assert dims["channel_last"] == 1 and dims["dim"] == 8 and dims["seqlen"] == 11
 
 
@@ -320,9 +319,9 @@ def test_bad_backward_input_is_a_value_error() -> None:
 def test_runtime_dims_name_every_option() -> None:
     for layout, option in itertools.product(LAYOUTS, OPTIONS):
         case = Case(layout, 3, option)
-        fwd_args = (case.x, case.weight, case.bias, case.seq_idx, case.init, conv._like(case.x), 3, bool(case.activation))
-        dims = conv._fwd_dims_from_args(fwd_args)
-        assert tuple(dims) == conv.FWD_DIMS
+        fwd_args = (case.x, case.weight, case.bias, case.seq_idx, case.init, common.like(case.x), 3, bool(case.activation))
+        dims = fwd._fwd_dims_from_args(fwd_args)
+        assert tuple(dims) == fwd.FWD_DIMS
         assert dims["channel_last"] == int(layout == "channel_last")
         assert (dims["has_bias"], dims["has_seq_idx"], dims["has_initial_states"], dims["silu"]) == (
             int(case.bias is not None), int(case.seq_idx is not None), int(case.init is not None),
