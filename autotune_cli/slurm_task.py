@@ -13,12 +13,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from autotune_cli import environment as env
 from autotune_cli.bundle_lock import bundle_lock
-from autotune_cli.sweep_job import BundleWriter, SweepInputError, same_versions
+from autotune_cli.sweep_job import BundleWriter, SweepInputError, same_versions, worker_death
 from mamba_tune.bundle import (
     BundleError,
     Entry,
@@ -138,11 +139,19 @@ def run_task(combo_dir_text: str) -> str:
             if task["cpu_dry_run"]:
                 child_env["HELION_INTERPRET"] = "1"
             print(f"tuning {task['label']} (worker: python -m autotune_cli.worker)", flush=True)
-            rc = subprocess.call([sys.executable, "-m", "autotune_cli.worker", str(combo_dir / "job.json"),
-                                  str(combo_dir / "result.json.worker"), str(combo_dir / "status.json")],
-                                 env=child_env)
-            result = read_json(combo_dir / "result.json.worker") or \
-                {"error": f"worker exited with code {rc} and no result"}
+            t0 = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-m", "autotune_cli.worker", str(combo_dir / "job.json"),
+                                     str(combo_dir / "result.json.worker"), str(combo_dir / "status.json")],
+                                    env=child_env)
+            _, status, usage = os.wait4(proc.pid, 0)  # wait4: its peak memory too
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            result = read_json(combo_dir / "result.json.worker")
+            if result is None:
+                phase = (read_json(combo_dir / "status.json") or {}).get("phase")
+                death = worker_death(proc.pid, proc.returncode, phase, time.monotonic() - t0,
+                                     usage.ru_maxrss / 1024)  # kilobytes on Linux
+                print(f"mamba-tune: {death}", flush=True)  # into the task's log
+                result = {"error": f"{death}; no result"}
             result["gpu"] = gpu.model_dump(mode="json")
             result["versions"] = versions.model_dump(mode="json")
         tmp = combo_dir / ".result.json.tmp"

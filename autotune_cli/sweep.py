@@ -41,6 +41,7 @@ from autotune_cli.sweep_job import (
     SweepResult,
     bundle_path_for,
     fmt_s,
+    worker_death,
 )
 from autotune_cli.sweep_progress import Progress
 from autotune_cli.worker import INBOX_JOB, STACKS_SIGNAL
@@ -133,20 +134,10 @@ class _Running:
         return True
 
     def death(self) -> str:
-        """How a worker that left no result ended: its exit code or signal, the phase its
-        status file last named, how long it ran and its peak memory."""
-        rc = self.proc.returncode
-        if rc is not None and rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = "?"
-            how = f"was killed by signal {-rc} ({name}{': out of memory?' if -rc == signal.SIGKILL else ''})"
-        else:
-            how = f"exited with code {rc}"
-        phase = self.status().get("phase") or "start (imports and set-up; no phase reported yet)"
-        return (f"the worker (pid {self.proc.pid}) {how} in phase {phase!r} after "
-                f"{fmt_s(time.monotonic() - self.started)}, peak RSS {self.maxrss_mb:.0f} MB")
+        """How the worker, gone without a result, ended (`sweep_job.worker_death`)."""
+        phase = self.status().get("phase")
+        return worker_death(self.proc.pid, self.proc.returncode, phase if isinstance(phase, str) else None,
+                            time.monotonic() - self.started, self.maxrss_mb)
 
     @property
     def result_path(self) -> Path:

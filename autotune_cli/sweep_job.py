@@ -12,6 +12,7 @@ writes each finished combo into the bundle.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,22 @@ def fmt_s(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def worker_death(pid: int, returncode: int | None, phase: str | None, seconds: float, maxrss_mb: float) -> str:
+    """How a worker that left no result ended (both executors say it the same way): its exit
+    code or signal, the phase its status file last named, how long it ran, its peak memory
+    (wait4's; Linux counts a forked worker's parent's size before its exec too)."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "?"
+        how = f"was killed by signal {-returncode} ({name}{': out of memory?' if name == 'SIGKILL' else ''})"
+    else:
+        how = f"exited with code {returncode}"
+    phase = phase or "start (imports and set-up; no phase reported yet)"
+    return f"the worker (pid {pid}) {how} in phase {phase!r} after {fmt_s(seconds)}, peak RSS {maxrss_mb:.0f} MB"
 
 
 def describe_entry(e: Entry) -> str:

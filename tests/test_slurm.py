@@ -215,3 +215,64 @@ def test_the_task_folder_is_made_private_and_must_be_this_users(tmp_path):
     link.symlink_to(elsewhere)
     with pytest.raises(SweepInputError, match="other.slurm: not a folder of this user"):
         private_dir(link)
+
+
+def test_a_task_whose_worker_is_killed_records_how(tmp_path):
+    """No cluster needed: an array task (`slurm_task.run_task`, run here as Slurm would run it)
+    whose real worker is SIGKILLed records the signal, the phase and the peak memory, in the
+    bundle's failure and in the task's log (its stdout)."""
+    import contextlib
+    import io
+    import signal
+    import threading
+
+    from autotune_cli.plan import Combo
+    from autotune_cli.slurm_task import run_task
+    from autotune_cli.spec import DEFAULT_TOLERANCES, Budget
+    from autotune_cli.sweep_job import SweepJob, SweepOptions
+
+    combo = Combo(kernel="gated_norm_fwd", dtype="bf16", origins=("test",),
+                  dims={"rows": 64, "d": 64, "group_size": 32, "has_z": 1, "norm_before_gate": 0, "has_bias": 0,
+                        "is_rms": 1, "weight_fp32": 1})
+    job = SweepJob([combo], budget=Budget(effort="none"), tolerances=DEFAULT_TOLERANCES, target_sku="h200",
+                   bundle_name="t", spec_ref=None, options=SweepOptions(out_dir=tmp_path, cpu_dry_run=True))
+    d = tmp_path / "combo"
+    d.mkdir()
+    (d / "job.json").write_text(json.dumps(job.worker_job(combo, [])))
+    bundle = tmp_path / "cpu" / "t.json"
+    bundle.parent.mkdir()  # the submitter's (-o DIR/SKU)
+    (d / "task.json").write_text(json.dumps({
+        "key": combo.key, "label": combo.label(), "kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype,
+        "bundle": str(bundle), "cpu_dry_run": True, "target_sku": "h200", "allow_gpu_mismatch": False,
+        "force": False, "spec": None}))
+    said = io.StringIO()
+    outcome: list[str] = []
+
+    def task() -> None:
+        with contextlib.redirect_stdout(said):
+            outcome.append(run_task(str(d)))
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    deadline = time.time() + 300
+    while not (workers := [p for p in _pids_naming(d) if p != os.getpid()]):
+        assert time.time() < deadline and thread.is_alive(), "no worker started"
+        time.sleep(0.05)
+    os.kill(workers[0], signal.SIGKILL)
+    thread.join(timeout=300)
+    assert outcome == ["failure"], said.getvalue()
+    (failure,) = load_bundle(bundle).failures.values()
+    assert failure.reason.startswith(f"the worker (pid {workers[0]}) was killed by signal 9 (SIGKILL: out of "
+                                     "memory?) in phase 'start"), failure.reason
+    assert "peak RSS" in failure.reason and f"mamba-tune: the worker (pid {workers[0]})" in said.getvalue()
+
+
+def _pids_naming(path: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
