@@ -14,8 +14,8 @@ headdim, dstate and chunk_size elements) exceed `CPU_ELEMENTS` is shrunk before 
   are checked by planning both, not mirrored here;
 - headdim, dstate and chunk_size: kept (tile shapes and the rules that read them).
 
-Paths the shrunk shapes take and the real ones do not (the dB/dC head runs fold, which small
-shapes split into) are named in the notes.
+Kernels the shrunk shapes run and the real ones do not (a dispatch rule that reads absolute
+sizes, taking another path at small shapes) are named in the notes.
 """
 
 from __future__ import annotations
