@@ -79,9 +79,16 @@ def cubin_launcher(capability: int = 90, compiled: list[Any] | None = None) -> A
 
 
 def _compile_launch(kernel: Any, kargs: tuple[Any, ...], num_warps: int, num_stages: int, capability: int) -> Any:
-    import torch
     import triton
     from triton.backends.compiler import GPUTarget
+
+    return triton.compile(_ast_source(kernel, kargs), target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _ast_source(kernel: Any, kargs: tuple[Any, ...]) -> Any:
+    """Triton's compiler input for one launch of `kernel` on `kargs`, specialized as a GPU launch is."""
+    import torch
     from triton.compiler import ASTSource
 
     names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
@@ -107,9 +114,71 @@ def _compile_launch(kernel: Any, kargs: tuple[Any, ...], num_warps: int, num_sta
             raise TypeError(f"{kernel.fn.__name__}: launch argument {name} of type {type(a).__name__}")
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def dropped_loop_carries(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90) -> list[str]:
+    """The variables that the config's generated Triton kernels reassign in a loop but that Triton's
+    front end does not carry through it ("kernel line N: name", N the loop's line in the kernel);
+    empty when every one is carried. Triton decides what a loop carries from one dry pass over its
+    body: a variable is carried only where that pass changes its value, so a shift of registers that
+    start as one value (`x3 = x2; x2 = x1; x1 = new` after `x1 = x2 = x3 = zero`) carries x1 alone,
+    and on the GPU x2 and x3 stay zero, silently. Helion's ref mode and Triton's interpreter
+    (TRITON_INTERPRET=1: the loop runs in Python) both compute the intended values, so only this
+    catches it on a CPU. Runs the host code on `args` (CPU tensors) up to each launch and Triton's
+    front end (to TTIR) on the launched kernel; nothing is compiled further or run."""
+    import ast
+
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import code_generator as cg
+    from triton.compiler.compiler import make_backend
+
+    dropped: list[str] = []
+    find_carries = cg.CodeGenerator._find_carries
+
+    def checked(self: Any, node: Any, liveins: dict[str, Any], ignore: set[str] = frozenset()) -> Any:
+        found = find_carries(self, node, liveins, ignore)
+        # Where each variable's value at the end of the body comes from: a variable that was live
+        # before the loop, copied by plain assignments (`b_copy = b; a = b_copy`), or None (computed).
+        source: dict[str, str | None] = {name: name for name in liveins}
+        for stmt in node.body:
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Name)):
+                source[stmt.targets[0].id] = source.get(stmt.value.id)
+                continue
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    source[n.id] = None
+        # A copy of a variable that changes changes too (to a fixed point: x3 = x2; x2 = x1; x1 = new).
+        changes = set(found[0])
+        grown = True
+        while grown:
+            grown = False
+            for name, src in source.items():
+                if (name in liveins and name not in changes and name not in ignore and src not in (None, name)
+                        and src in changes and cg._is_triton_value(liveins[name])):
+                    changes.add(name)
+                    grown = True
+        dropped.extend(f"{self.function_name} line {node.lineno}: {name}" for name in sorted(changes - set(found[0])))
+        return found
+
+    def front_end(kernel: Any, grid: Any, *kargs: Any, num_warps: int, num_stages: int, **_kw: Any) -> None:
+        target = GPUTarget("cuda", capability, 32)
+        backend = make_backend(target)
+        options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        _ast_source(kernel, kargs).make_ir(target, options, backend.get_codegen_implementation(options),
+                                           backend.get_module_map(), context)
+
+    cg.CodeGenerator._find_carries = checked
+    try:
+        bound.compile_config(config, allow_print=False)(*args, _launcher=front_end)
+    finally:
+        cg.CodeGenerator._find_carries = find_carries
+    return dropped
 
 
 def ptxas_usage(compiled: Any, capability: int = 90) -> dict[str, int]:

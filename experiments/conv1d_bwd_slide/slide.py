@@ -63,15 +63,18 @@ def causal_conv1d_bwd_slide_kernel(
         zero = hl.zeros([tile_d], dtype=torch.float32)
         # The last width - 1 rows of x (or the initial states) and of dpre, newest first, and
         # their sequences (-1 outside x: no tap crosses them, as no tap crosses a sequence's start).
-        x1 = zero
-        x2 = zero
-        x3 = zero
-        d1 = zero
-        d2 = zero
-        d3 = zero
-        s1 = hl.zeros([tile_d], dtype=torch.int32) - 1
-        s2 = s1
-        s3 = s1
+        # Each starts as a value of its own, never a copy of another: Triton's front end carries
+        # a variable through the loop only where one pass over the body changes its value, so
+        # `x3 = x2` with x2 and x3 both `zero` kept x3 (and x2, d2, d3, s2, s3) zero on the GPU.
+        x1 = hl.zeros([tile_d], dtype=torch.float32)
+        x2 = hl.zeros([tile_d], dtype=torch.float32)
+        x3 = hl.zeros([tile_d], dtype=torch.float32)
+        d1 = hl.zeros([tile_d], dtype=torch.float32)
+        d2 = hl.zeros([tile_d], dtype=torch.float32)
+        d3 = hl.zeros([tile_d], dtype=torch.float32)
+        s1 = hl.full([tile_d], -1, dtype=torch.int32)
+        s2 = hl.full([tile_d], -1, dtype=torch.int32)
+        s3 = hl.full([tile_d], -1, dtype=torch.int32)
         acc0 = zero
         acc1 = zero
         acc2 = zero

@@ -137,6 +137,30 @@ def test_the_timing_script_without_a_gpu_says_so():
     assert r.returncode == 2 and r.stderr.strip().endswith("needs a CUDA GPU"), r.stderr
 
 
+@pytest.mark.parametrize("option", ["seq_idx-bias-silu", "init-final-silu"])
+def test_the_compiled_step_loop_carries_every_kept_row(option: str):
+    """Triton's front end, on the CPU (`autotune_cli.lowering.dropped_loop_carries`): the step loop
+    must carry the x, dpre and sequence rows kept from the steps before. It carried only the newest
+    of each while they all started as one `zero` (x3 = x2 = x1 = zero): on an H100 dx was off by about
+    its own size, while ref mode and Triton's interpreter (both run the loop in Python) agreed with
+    the two kernels."""
+    import helion
+
+    from autotune_cli import lowering
+
+    bias, seq, init, final, silu = OPTIONS[option]
+    b, L, dim, width = 1, 64, 64, 4
+    rows = lambda: torch.empty_strided((b, dim, L), (L * dim, 1, dim), dtype=torch.bfloat16)  # noqa: E731
+    states = lambda: torch.empty(b, dim, width - 1, dtype=torch.bfloat16)  # noqa: E731
+    args = (rows(), torch.empty(dim, width, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), rows(),
+            torch.zeros(b, L, dtype=torch.int32) if seq else None, states() if init else None,
+            states() if final else None, rows(), states() if init else None, width, silu)
+    with lowering.compiled_mode(slide.SLIDE.kernel):
+        bound = slide.SLIDE.kernel.bind(args)
+        config = helion.Config.from_dict(slide.default_config(slide.SLIDE.dims_from_args(args)))
+        assert lowering.dropped_loop_carries(bound, config, args) == []
+
+
 _COMPILE = r"""
 import json, sys, torch, helion
 from autotune_cli import lowering
