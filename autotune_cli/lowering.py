@@ -118,14 +118,15 @@ def _ast_source(kernel: Any, kargs: tuple[Any, ...]) -> Any:
 
 
 def dropped_loop_carries(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90) -> list[str]:
-    """The variables that the config's generated Triton kernels reassign in a loop but that Triton's
-    front end does not carry through it ("kernel line N: name", N the loop's line in the kernel);
-    empty when every one is carried. Triton decides what a loop carries from one dry pass over its
-    body: a variable is carried only where that pass changes its value, so a shift of registers that
-    start as one value (`x3 = x2; x2 = x1; x1 = new` after `x1 = x2 = x3 = zero`) carries x1 alone,
-    and on the GPU x2 and x3 stay zero, silently. Helion's ref mode and Triton's interpreter
-    (TRITON_INTERPRET=1: the loop runs in Python) both compute the intended values, so only this
-    catches it on a CPU. Runs the host code on `args` (CPU tensors) up to each launch and Triton's
+    """The variables of the config's generated Triton kernels that change from one iteration of a loop
+    to the next but that Triton's front end does not carry through it ("kernel line N: name", N the
+    loop's line in the kernel); empty when every one is carried. Triton decides what a loop carries
+    from one dry pass over its body: a variable is carried only where that pass changes its value,
+    so a shift of registers that start as one value (`x3 = x2; x2 = x1; x1 = new` after
+    `x1 = x2 = x3 = zero`) carries x1 alone, and on the GPU x2 and x3 stay zero, silently. A
+    variable copied in the body from one that changes changes too (to a fixed point). Helion's ref
+    mode and Triton's interpreter (TRITON_INTERPRET=1: the loop runs in Python) both compute the
+    intended values, so only this catches it on a CPU. Runs the host code on `args` (CPU tensors) up to each launch and Triton's
     front end (to TTIR) on the launched kernel; nothing is compiled further or run."""
     import ast
 
