@@ -1,5 +1,6 @@
 """The conv1d backward in one kernel stepping one row of channels at a time: a candidate, fast but
-wrong when compiled (experiments/README.md has the H100 figures).
+wrong when compiled on an H100 until its kept rows were carried through the step loop (fixed, not yet
+rerun on a GPU; experiments/README.md has the figures).
 
 `causal_conv1d_bwd_slide_kernel` is the backward (dx, dweight, dbias, dinitial_states) without the
 two kernels' fp32 dpre buffer: each program steps through its chunk of positions one row of
@@ -9,8 +10,8 @@ against the two kernels' 1.4 GB (x and dout read, dx written, against that plus 
 trip). Rows must be unit-stride (channel-last x, dout and dx), and dx may not share dout's memory
 (programs read dout past their own positions). `conv1d_backward_slide` runs it as
 `mamba_tune.conv1d.conv1d_backward` runs the two kernels (its tests and `time_slide.py` compare
-them); nothing in `mamba_tune` imports this file. Once its compiled dx is right and it still wins
-on a GPU, it moves into the conv1d family as the channel-last default.
+them); nothing in `mamba_tune` imports this file. Once its compiled dx is seen right and it still
+wins on a GPU, it moves into the conv1d family as the channel-last default.
 """
 
 from __future__ import annotations
