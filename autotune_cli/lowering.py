@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from autotune_cli.kernel_keys import ModelShape
 from mamba_tune.bundle import Bundle, Entry
+from mamba_tune.keys import ModelShape
 from mamba_tune.vocab import torch_dtype
 
 # torch, helion and the kernels (autotune_cli.tuning) load where they are used: importing
@@ -419,7 +419,7 @@ SEED_SHAPES = [
 ]
 
 # Where a per-shape rule runs kernels that the shapes above never reach: the dB/dC backward's two
-# passes at dstate 256 (Nemotron-H 47B, kernel_keys.two_pass_dbdc). Only those kernels are
+# passes at dstate 256 (Nemotron-H 47B, mamba_tune.keys.two_pass_dbdc). Only those kernels are
 # checked here (seeds and default configs), so the work stays per kernel.
 RULE_SHAPES = [
     ModelShape(batch=2, seqlen=8192, nheads=256, headdim=64, ngroups=8, dstate=256, chunk_size=128),

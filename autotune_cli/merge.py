@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune_cli import environment as env
-from autotune_cli.kernel_keys import KEYS
 from mamba_tune.bundle import Bundle, BundleError, Entry, KernelProvenance, load_bundle
+from mamba_tune.keys import all_keys
 
 
 class MergeError(Exception):
@@ -32,7 +32,7 @@ def _identity(b: Bundle) -> tuple[str, str, str, str, str]:
 
 def _current_sources() -> dict[str, str]:
     """Each kernel's source hash in this checkout."""
-    return {k.name: k.source_sha256() for k in KEYS}
+    return {k.name: k.source_sha256() for k in all_keys().values()}
 
 
 def _kernel_records(bundles: list[tuple[Path, Bundle]]) -> dict[str, KernelProvenance]:

@@ -6,9 +6,9 @@ import dataclasses
 import itertools
 from collections.abc import Collection
 
-from autotune_cli.kernel_keys import KernelKey, ModelShape, all_keys
 from autotune_cli.spec import Budget, Spec
 from mamba_tune.bundle import entry_key
+from mamba_tune.keys import KernelKey, ModelShape, all_keys
 
 # Rough wall time of one combo's search by Helion effort (seconds), measured on the H200
 # with Helion 1.5.0 (the H200 notes: quick = 1.5-4.5 minutes per kernel x

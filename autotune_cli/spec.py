@@ -441,7 +441,7 @@ def _shipped_part(spec: Spec, shipped: Shipped, fail: Any) -> Spec:
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:
-    from autotune_cli.kernel_keys import all_keys
+    from mamba_tune.keys import all_keys
 
     target = model.target
     sku = GPU_SKUS[target.gpu]

@@ -46,7 +46,7 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         name="ssd_state_passing_bwd",
         var="MAMBA_TUNE_SSD_SP_BWD",
         choices={"fused": ("ssd_chunk_state_passing_bwd",), "split": ("ssd_chunk_state", "ssd_state_passing_bwd")},
-        default="mamba_tune.ssd.combined.split_state_passing_bwd",
+        default="mamba_tune.keys.split_state_passing_bwd",
         doc="the SSD backward's state gradients (B2 + B3): one walk over the chunks with a dot per step, or F2's "
             "kernel then an elementwise walk; split where batch x nheads < 64 or chunk_size >= 256",
     ),
@@ -55,7 +55,7 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         var="MAMBA_TUNE_SSD_DBDC",
         choices={"one": ("ssd_chunk_state_scan_bwd_dbdc",), "two": ("ssd_chunk_state_scan_bwd_dcb",
                                                                     "ssd_bmm_bwd_dbdc")},
-        default="mamba_tune.ssd.combined.two_pass_dbdc",
+        default="mamba_tune.keys.two_pass_dbdc",
         doc="the SSD backward's dB and dC (B5-B8): one kernel, or two passes through a head-summed dCB buffer; "
             "two at dstate >= 256",
     ),

@@ -11,8 +11,8 @@ bundle, and that key runs the kernel's default config from then on: a bad config
 stops a training call. Autotuning is impossible on this path: every runtime kernel is
 declared with ``autotuner_fn=refuse_autotune``.
 
-Each kernel file declares its `RuntimeKernel` next to its code: the name, the bundle key
-dims read from the call's arguments and the default config. There is no list of all
+Each kernel file declares its `RuntimeKernel` next to its code: its key (`mamba_tune.keys`:
+name, dims, source), the key dims read from the call's arguments and the default config. There is no list of all
 kernels here: a kernel's entries are indexed, and checked against its source hash, the
 first time that kernel is resolved.
 """
@@ -20,8 +20,6 @@ first time that kernel is resolved.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 import logging
 import os
 import threading
@@ -34,6 +32,7 @@ import torch
 
 from mamba_tune import env, vocab
 from mamba_tune.config_schema import checked_config
+from mamba_tune.keys import KernelKey
 from mamba_tune.sku import Gpu
 from mamba_tune.store import ENV_CONFIGS as ENV_CONFIGS
 from mamba_tune.store import NEAREST_MAX_RATIO as NEAREST_MAX_RATIO
@@ -65,13 +64,9 @@ def refuse_autotune(bound_kernel: Any, args: Sequence[object], **kwargs: object)
 class RuntimeKernel:
     """What the runtime needs to know of one Helion kernel to pick and compile its config."""
 
-    name: str
-    family: str
-    kernel: Any  # helion.Kernel
-    # Bundle key dims, in key order. All ints (flags are 0/1).
-    dims: tuple[str, ...]
-    # Dims that the runtime's "nearest" rule may vary (sizes, not structure).
-    size_dims: tuple[str, ...]
+    # The bundle key: name, family, dims, size and neutral dims, source (mamba_tune.keys).
+    key: KernelKey
+    kernel: Any  # helion.Kernel: the key's source function
     # Key dims from the kernel's own arguments (what the runtime sees).
     dims_from_args: Callable[[Sequence[Any]], dict[str, int]]
     # The kernel's default config at these dims (a config dict, which may leave keys out),
@@ -84,25 +79,37 @@ class RuntimeKernel:
     # kernel whose first tensor is an fp32 buffer names the model's input dtype instead,
     # as its tuning records do (the key of a bf16 model's call says bf16).
     dtype_arg: int | None = None
-    # Structural dims that leave the config space unchanged (the same Helion structural
-    # fingerprint for every value: tests/test_warm_start.py), so that a config tuned at one
-    # value runs at another: the "nearest" rule may cross them when no entry has the call's
-    # value, and tuning may seed a search from the other values' entries. The gated norm's
-    # weight_fp32: a bf16-weight search seeded from the fp32-weight entry ended on that
-    # entry's very config at Nano TP1 on the H200 (0.191 ms, default 0.299 ms).
-    neutral_dims: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        bad = set(self.size_dims) - set(self.dims)
-        if bad:
-            raise ValueError(f"{self.name}: size_dims {sorted(bad)} are not key dims")
-        bad = set(self.neutral_dims) - set(self.dims) | set(self.neutral_dims) & set(self.size_dims)
-        if bad:
-            raise ValueError(f"{self.name}: neutral_dims {sorted(bad)} are not structural key dims")
+        fn = getattr(self.kernel, "fn", self.kernel)
+        where = Path(fn.__code__.co_filename).resolve()
+        if (fn.__name__, where) != (self.key.function, self.key.source_path()):
+            raise ValueError(f"{self.key.name}: kernel {fn.__name__} in {where} is not its key's source "
+                             f"{self.key.source} ({self.key.source_path()})")
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def family(self) -> str:
+        return self.key.family
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return self.key.dims
+
+    @property
+    def size_dims(self) -> tuple[str, ...]:
+        return self.key.size_dims
+
+    @property
+    def neutral_dims(self) -> tuple[str, ...]:
+        return self.key.neutral_dims
 
     def source_sha256(self) -> str:
         """What a bundle's provenance records: a changed kernel invalidates its entries."""
-        return kernel_source_sha256(self.kernel)
+        return self.key.source_sha256()
 
     def default_for(self, bound: Any, dims: dict[str, int]) -> Any:
         """The default config (a helion.Config) for a kernel bound to arguments with these dims."""
@@ -116,12 +123,6 @@ class RuntimeKernel:
         config = helion.Config.from_dict(self.default_config(dims))
         bound.config_spec.normalize(config)
         return config
-
-
-def kernel_source_sha256(kernel: Any) -> str:
-    """sha256 of the kernel function's source, decorator included."""
-    fn = getattr(kernel, "fn", kernel)
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
 
 
 def tune_command(rk: RuntimeKernel, dims: dict[str, int], dtype: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune_cli.kernel_keys import all_keys
 from mamba_tune.bundle import (
     Accuracy,
     Bundle,
@@ -17,6 +16,7 @@ from mamba_tune.bundle import (
     Timing,
     Versions,
 )
+from mamba_tune.keys import all_keys
 from mamba_tune.sku import Gpu
 
 H200 = GpuInfo(name="NVIDIA H200", sku="h200", arch="sm90", compute_capability="9.0", sm_count=132)
@@ -57,8 +57,8 @@ def entry(kernel: str = "gated_norm_fwd", dims: dict[str, int] | None = None, dt
 def bundle(*entries: Entry, gpu: GpuInfo = H200, versions: Versions = VERSIONS,
            kernel_hashes: dict[str, str] | None = None) -> Bundle:
     kernels = sorted({e.kernel for e in entries})
-    # The kernels' source hashes read from their files (kernel_keys: torch-free, equal to the
-    # runtime's hash, tests/test_kernel_keys.py), so a child process that only builds and
+    # The kernels' source hashes read from their files (mamba_tune.keys: torch-free, the
+    # runtime's hash), so a child process that only builds and
     # writes a bundle (the umask test) does not import torch and helion.
     keys = all_keys()
     hashes = kernel_hashes or {k: keys[k].source_sha256() for k in kernels}

@@ -128,7 +128,7 @@ def test_bundle_folders_are_read_two_levels_deep_only(tmp_path):
 
 
 def test_each_choice_names_real_kernels_and_its_rule():
-    from autotune_cli.kernel_keys import all_keys
+    from mamba_tune.keys import all_keys
 
     keys = all_keys()
     for p in paths.PATHS.values():

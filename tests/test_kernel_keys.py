@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from autotune_cli.kernel_keys import ModelShape, all_keys
 from autotune_cli.presets import MODEL_PRESETS
 from autotune_cli.tuning import all_kernels
+from mamba_tune.keys import ModelShape, all_keys
 
 
 def _shapes() -> list[ModelShape]:

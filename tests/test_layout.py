@@ -111,6 +111,16 @@ def test_kernels_import_nothing_of_autotune_cli() -> None:
     assert not bad, "kernels/ imports outside itself: " + "; ".join(bad)
 
 
+def test_the_key_schema_imports_only_the_standard_library() -> None:
+    # mamba_tune.keys is what the torch-free commands read: not even the package's other modules.
+    path = ROOT / "kernels" / "keys.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+    names |= {n.module or "." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module != "__future__"}
+    bad = sorted(m for m in names if m.split(".")[0] not in sys.stdlib_module_names)
+    assert not bad, f"kernels/keys.py imports {', '.join(bad)}"
+
+
 def test_no_import_circle() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])

@@ -74,9 +74,9 @@ def test_merge_keeps_one_kernel_source_and_drops_entries_tuned_on_another(tmp_pa
     this checkout's source, whichever bundle comes first, and drops the older ones (even when
     faster), with a note; its record names this checkout's source. Before, the first bundle's
     record was kept: the old entries passed for fresh and the new ones read as stale."""
-    from autotune_cli.kernel_keys import KEYS
+    from mamba_tune.keys import GATED_NORM_FWD
 
-    current = {k.name: k.source_sha256() for k in KEYS}["gated_norm_fwd"]
+    current = GATED_NORM_FWD.source_sha256()
     old_same_key = entry(dims=norm_dims(rows=1024), tuned_ms=0.10)
     old_only = entry(dims=norm_dims(rows=2048), tuned_ms=0.10)
     new = entry(dims=norm_dims(rows=1024), tuned_ms=0.30)

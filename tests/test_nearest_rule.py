@@ -88,6 +88,6 @@ def test_a_neutral_dim_is_crossed_only_where_no_entry_matches_it():
 
 def test_neutral_dims_must_be_structural_key_dims():
     with pytest.raises(ValueError, match="neutral_dims"):
-        dataclasses.replace(GATED_NORM_FWD, neutral_dims=("rows",))
+        dataclasses.replace(GATED_NORM_FWD.key, neutral_dims=("rows",))
     with pytest.raises(ValueError, match="neutral_dims"):
-        dataclasses.replace(GATED_NORM_FWD, neutral_dims=("not_a_dim",))
+        dataclasses.replace(GATED_NORM_FWD.key, neutral_dims=("not_a_dim",))

@@ -38,12 +38,12 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
     assert any(n.endswith("entry_points.txt") for n in names)
 
     # Installed (no repository on the path): the kernels import, and the torch-free source
-    # hashes (kernel_keys) find their files in the installed package.
+    # hashes (mamba_tune.keys) find their files in the installed package.
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    code = ("import mamba_tune, autotune_cli.kernel_keys as k; print(mamba_tune.__file__); "
+    code = ("import mamba_tune, mamba_tune.keys as k; print(mamba_tune.__file__); "
             "print(len({n: key.source_sha256() for n, key in k.all_keys().items()}))")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(site)})

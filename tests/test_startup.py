@@ -117,3 +117,16 @@ def test_kernels_loads_its_names_on_first_use(clean_env: dict[str, str]) -> None
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["False", "True", "True"]
+
+
+def test_the_key_schema_loads_no_torch(clean_env: dict[str, str]) -> None:
+    # `plan`, `validate` of a spec and `check` read every kernel's key, dims_for and source hash
+    # from mamba_tune.keys: all of it without torch, helion or triton.
+    code = ("import sys, mamba_tune.keys as k; s = k.ModelShape(2, 8192, 64, 64, 8, 128, 128); "
+            "n = sum(key.dims_for(s) is not None and len(key.source_sha256()) == 64 for key in k.all_keys().values()); "
+            f"print(n, sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, heavy = r.stdout.split(maxsplit=1)
+    assert int(count) > 10 and heavy.strip() == "[]", r.stdout

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune_cli.kernel_keys import split_state_passing_bwd, two_pass_dbdc
 from autotune_cli.plan import plan
 from autotune_cli.presets import MODEL_PRESETS, tp_degrees
 from autotune_cli.spec import SpecError, parse_spec
+from mamba_tune.keys import split_state_passing_bwd, two_pass_dbdc
 
 
 def _spec(preset: str, tp: list[int]) -> str:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import ModelShape
 from autotune_cli.tuning import all_kernels, get
 from mamba_tune import runtime
+from mamba_tune.keys import ModelShape
 
 pytestmark = pytest.mark.usefixtures("nan_empty")
 

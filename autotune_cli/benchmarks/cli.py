@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
-from autotune_cli.kernel_keys import ModelShape
 from autotune_cli.presets import MODEL_PRESETS
+from mamba_tune.keys import ModelShape
 from mamba_tune.vocab import torch_dtype as to_torch_dtype
 
 # --config-mode's choices: mamba_tune.runtime.Mode's values (not imported: mamba_tune.runtime loads

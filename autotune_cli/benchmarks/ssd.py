@@ -36,11 +36,11 @@ import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
 from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
-from autotune_cli.kernel_keys import state_passing_bwd_dims
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from mamba_tune import runtime
+from mamba_tune.keys import state_passing_bwd_dims
 from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.commands.common import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, Command, err, fail, out
-from autotune_cli.kernel_keys import all_keys
+from mamba_tune.keys import all_keys
 
 if TYPE_CHECKING:
     from mamba_tune.bundle import Bundle

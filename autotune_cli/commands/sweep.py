@@ -22,8 +22,8 @@ from autotune_cli.commands.common import (
     os_error_text,
     out,
 )
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.presets import SEARCH_ALGORITHMS
+from mamba_tune.keys import all_keys
 
 if TYPE_CHECKING:
     from autotune_cli.plan import Combo

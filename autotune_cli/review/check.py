@@ -39,10 +39,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.plan import plan
 from autotune_cli.spec import Spec
 from mamba_tune.bundle import Bundle, Entry, find_bundles, load_bundle
+from mamba_tune.keys import all_keys
 from mamba_tune.sku import GPU_SKUS, siblings
 
 PACKAGES = ("helion", "torch", "triton")

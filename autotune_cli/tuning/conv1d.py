@@ -2,7 +2,7 @@
 
 The Mamba-2 layer runs the conv over xBC (dim = d_inner + 2 * ngroups * dstate, width =
 d_conv) in the channel-last layout, with bias and SiLU, and with seq_idx for packed
-sequences (`autotune_cli.kernel_keys.conv1d_fwd_dims`); its decode step takes one
+sequences (`mamba_tune.keys.conv1d_fwd_dims`); its decode step takes one
 position per row with a (batch, dim, d_conv) state (`conv1d_update_dims`). The baseline is the causal-conv1d
 package where it is importable (a CUDA extension many installs lack), else eager torch
 (`F.conv1d`, and autograd through it for the backward); the baseline's name says which.
@@ -22,31 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autotune_cli.kernel_keys import (
-    conv1d_bwd_dims,
-    conv1d_bwd_dx_dims,
-    conv1d_fwd_dims,
-    conv1d_update_dims,
-)
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from mamba_tune.conv1d import bwd, common, fwd, update
-
-
-def _fwd_dims_for(shape: ModelShape) -> dict[str, int]:
-    return conv1d_fwd_dims(shape)
-
-
-def _bwd_dims_for(shape: ModelShape) -> dict[str, int]:
-    return conv1d_bwd_dims(shape)
-
-
-def _bwd_dx_dims_for(shape: ModelShape) -> dict[str, int]:
-    return conv1d_bwd_dx_dims(shape)
-
-
-def _update_dims_for(shape: ModelShape) -> dict[str, int]:
-    return conv1d_update_dims(shape)
 
 
 class ConvInputs:
@@ -402,7 +380,6 @@ def _update_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
 
 CAUSAL_CONV1D_FWD = TunableKernel(
     runtime=fwd.CAUSAL_CONV1D_FWD,
-    dims_for=_fwd_dims_for,
     make_problem=_make_fwd_problem,
     make_baseline=_baseline_fwd,
     seed_configs=_fwd_seeds,
@@ -411,7 +388,6 @@ CAUSAL_CONV1D_FWD = TunableKernel(
 
 CAUSAL_CONV1D_BWD = TunableKernel(
     runtime=bwd.CAUSAL_CONV1D_BWD,
-    dims_for=_bwd_dims_for,
     make_problem=_make_bwd_problem,
     make_baseline=_baseline_bwd,
     seed_configs=_bwd_seeds,
@@ -421,7 +397,6 @@ CAUSAL_CONV1D_BWD = TunableKernel(
 
 CAUSAL_CONV1D_BWD_DX = TunableKernel(
     runtime=bwd.CAUSAL_CONV1D_BWD_DX,
-    dims_for=_bwd_dx_dims_for,
     make_problem=_make_bwd_dx_problem,
     make_baseline=None,  # no library runs this stencil alone (causal_conv1d_bwd's baseline is the whole backward)
     seed_configs=_bwd_dx_seeds,
@@ -430,7 +405,6 @@ CAUSAL_CONV1D_BWD_DX = TunableKernel(
 
 CAUSAL_CONV1D_UPDATE = TunableKernel(
     runtime=update.CAUSAL_CONV1D_UPDATE,
-    dims_for=_update_dims_for,
     make_problem=_make_update_problem,
     make_baseline=_baseline_update,
     seed_configs=_update_seeds,

@@ -9,21 +9,11 @@ import torch
 from autotune_cli.reference import gated_norm_ref, gated_norm_stats_ref
 from autotune_cli.tuning.record import (
     Baseline,
-    ModelShape,
     Problem,
     TunableKernel,
     mamba_ssm_version,
 )
 from mamba_tune.norm import gated
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    # The call the Mamba-2 mixer makes: RMSNormGated(d_ssm, group_size=d_ssm // ngroups,
-    # norm_before_gate=False) on (batch * seqlen) rows, z gate, no bias; the weight fp32,
-    # or in the inputs' dtype for a module built in bf16 (the spec's norm_weight_dtypes).
-    d = shape.nheads * shape.headdim
-    return {"rows": shape.batch * shape.seqlen, "d": d, "group_size": d // shape.ngroups, "has_z": 1,
-            "norm_before_gate": 0, "has_bias": 0, "is_rms": 1, "weight_fp32": int(shape.norm_weight_fp32)}
 
 
 class _NormInputs:
@@ -183,11 +173,10 @@ def _baseline_bwd(dims, dtype, device, seed) -> Baseline | None:
 
 # A search for one weight dtype may start from the other's entries (the runtime kernels'
 # neutral dims: the same config space).
-_SEED_ACROSS = gated.NEUTRAL_DIMS
+_SEED_ACROSS = gated.GATED_NORM_FWD.neutral_dims
 
 GATED_NORM_FWD = TunableKernel(
     runtime=gated.GATED_NORM_FWD,
-    dims_for=_dims_for,
     make_problem=_make_fwd_problem,
     make_baseline=_baseline_fwd,
     seed_configs=_fwd_seeds,
@@ -197,7 +186,6 @@ GATED_NORM_FWD = TunableKernel(
 
 GATED_NORM_BWD = TunableKernel(
     runtime=gated.GATED_NORM_BWD,
-    dims_for=_dims_for,
     make_problem=_make_bwd_problem,
     make_baseline=_baseline_bwd,
     seed_configs=_bwd_seeds,

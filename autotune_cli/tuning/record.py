@@ -1,7 +1,8 @@
 """The tuning record of a kernel: what the sweep needs beyond what the runtime declares.
 
-A `TunableKernel` wraps the kernel's `mamba_tune.runtime.RuntimeKernel` (name, key dims from
-the call's arguments, default config) and adds how to build inputs for a shape, how to
+A `TunableKernel` wraps the kernel's `mamba_tune.runtime.RuntimeKernel` (its key from
+`mamba_tune.keys`: name, dims, `dims_for`, source; key dims from the call's arguments, default
+config) and adds how to build inputs for a shape, how to
 check outputs against the fp32 reference, what to time as a baseline and where the
 search starts.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import ModelShape
+from mamba_tune.keys import ModelShape
 from mamba_tune.runtime import RuntimeKernel
 
 
@@ -63,8 +64,6 @@ class Baseline:
 @dataclasses.dataclass(frozen=True)
 class TunableKernel:
     runtime: RuntimeKernel
-    # Key dims for a layer shape; None when the kernel does not apply to it.
-    dims_for: Callable[[ModelShape], dict[str, int] | None]
     make_problem: Callable[[dict[str, int], torch.dtype, torch.device, int], Problem]
     # Baseline (mamba-ssm) for the same problem, or None when it is not importable.
     make_baseline: Callable[[dict[str, int], torch.dtype, torch.device, int], Baseline | None] | None = None
@@ -98,6 +97,11 @@ class TunableKernel:
     @property
     def size_dims(self) -> tuple[str, ...]:
         return self.runtime.size_dims
+
+    @property
+    def dims_for(self) -> Callable[[ModelShape], dict[str, int] | None]:
+        """Key dims for a layer shape; None when the kernel does not run at it (mamba_tune.keys)."""
+        return self.runtime.key.dims_for
 
     @property
     def dims_from_args(self) -> Callable[[Sequence[Any]], dict[str, int]]:

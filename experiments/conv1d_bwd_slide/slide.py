@@ -23,8 +23,8 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
-from mamba_tune.conv1d import common, fwd
+from mamba_tune import keys, runtime
+from mamba_tune.conv1d import common
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -173,8 +173,11 @@ def causal_conv1d_bwd_slide_kernel(
     return dx, dw, db
 
 
-# Its key dims: what the two kernels read and write together.
-DIMS = (*fwd.FWD_DIMS, "has_dinitial_states", "has_dfinal")
+# Its key: what the two kernels read and write together. Not planned at any layer shape
+# (dims_for None): the runtime's default path does not run it.
+KEY = keys.KernelKey("causal_conv1d_bwd_slide", "conv1d",
+                     (*keys.CAUSAL_CONV1D_FWD.dims, "has_dinitial_states", "has_dfinal"), keys.CONV1D_SIZE_DIMS,
+                     lambda shape: None, f"{__name__}:causal_conv1d_bwd_slide_kernel")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -214,11 +217,8 @@ CANDIDATES = ((512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (25
               (256, 128, 4, 4, 0), (512, 1024, 8, 2, 4))
 
 SLIDE = runtime.RuntimeKernel(
-    name="causal_conv1d_bwd_slide",
-    family="conv1d",
+    key=KEY,
     kernel=causal_conv1d_bwd_slide_kernel,
-    dims=DIMS,
-    size_dims=fwd.SIZE_DIMS,
     dims_from_args=_dims_from_args,
     default_config=default_config,
 )

@@ -20,7 +20,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as dbdc
 from mamba_tune.ssd import common
 
@@ -48,8 +48,10 @@ def runs_sum_kernel(
     return dB, dC
 
 
-# dB's dims and the run count (the trip count of its loop, a static range in some configs).
-DIMS = ("batch", "seqlen", "ngroups", "dstate", "runs")
+# dB's dims and the run count (the trip count of its loop, a static range in some configs). Not
+# planned at any layer shape (dims_for None): the runtime's default path does not run it.
+KEY = keys.KernelKey("ssd_bwd_dbdc_runs_sum", "ssd", ("batch", "seqlen", "ngroups", "dstate", "runs"),
+                     ("batch", "seqlen"), lambda shape: None, f"{__name__}:runs_sum_kernel")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -60,11 +62,8 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 # 32 positions of a whole dstate row per program, 4 warps: a streaming fold, memory-bound.
 RUNS_SUM = runtime.RuntimeKernel(
-    name="ssd_bwd_dbdc_runs_sum",
-    family="ssd",
+    key=KEY,
     kernel=runs_sum_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=common.clamped_default([32], ("seqlen",), 4, 2),
     dtype_arg=2,  # dB: the model's dtype (the partials are fp32)

@@ -55,8 +55,8 @@ def test_one_run_takes_no_fold():
 
 
 def _grads(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
-    from autotune_cli.kernel_keys import bwd_partials
     from autotune_cli.tuning.ssd.inputs import SSDInputs
+    from mamba_tune.keys import bwd_partials
     from mamba_tune.ssd import mamba_chunk_scan_combined
 
     b, L, H, P, G, N, Q = shape

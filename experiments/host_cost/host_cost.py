@@ -65,10 +65,10 @@ def main(argv: list[str]) -> int:
 def _case(name: str, shape: dict[str, int], calls: int) -> None:
     import torch
 
-    from autotune_cli.kernel_keys import ModelShape
     from autotune_cli.timing import gpu_median_ms
     from autotune_cli.tuning import get
     from mamba_tune import runtime
+    from mamba_tune.keys import ModelShape
 
     tk = get(name)
     dims = tk.dims_for(ModelShape(**shape))

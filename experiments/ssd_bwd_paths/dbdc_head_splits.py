@@ -41,13 +41,13 @@ def main(argv: list[str]) -> int:
         print("dbdc_head_splits: needs a CUDA GPU", file=sys.stderr)
         return 2
     from autotune_cli.benchmarks.ssd import _bwd_call
-    from autotune_cli.kernel_keys import ModelShape
     from autotune_cli.presets import MODEL_PRESETS
     from autotune_cli.spec import Tolerance
     from autotune_cli.timing import gpu_median_ms
     from autotune_cli.tuner import check_accuracy
     from autotune_cli.tuning import get
     from mamba_tune import runtime
+    from mamba_tune.keys import ModelShape
     from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as dbdc
 
     tk = get("ssd_chunk_state_scan_bwd_dbdc")

@@ -56,7 +56,7 @@ def run_per_preset(argv: list[str], default: list[str], prog: str, one: Callable
 def model_shape(d: Any, tp: int, batch: int = 2, seqlen: int = 8192) -> Any:
     """One rank's ModelShape of preset dims `d` at tensor-parallel degree tp (the scripts' bf16
     batch 2, seqlen 8192 by default)."""
-    from autotune_cli.kernel_keys import ModelShape
+    from mamba_tune.keys import ModelShape
 
     return ModelShape(batch=batch, seqlen=seqlen, nheads=d.nheads // tp, headdim=d.headdim, ngroups=d.ngroups // tp,
                       dstate=d.dstate, chunk_size=d.chunk_size)

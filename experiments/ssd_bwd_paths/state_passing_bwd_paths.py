@@ -31,10 +31,10 @@ def _one(label: str, d, tp: int) -> None:  # noqa: ANN001 - a ModelDims
     import torch
     from preset_args import model_shape
 
-    from autotune_cli.kernel_keys import state_passing_bwd_dims
     from autotune_cli.timing import gpu_median_ms
     from autotune_cli.tuning import get
     from mamba_tune import runtime
+    from mamba_tune.keys import state_passing_bwd_dims
     from mamba_tune.ssd import chunk_state, chunk_state_passing_bwd, combined
     from mamba_tune.ssd import state_passing_bwd as split
 

@@ -24,7 +24,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.conv1d.common import (
     channel_last,
     check_device,
@@ -38,7 +38,7 @@ from mamba_tune.conv1d.common import (
     strided,
     tile_of,
 )
-from mamba_tune.conv1d.fwd import FWD_DIMS, SIZE_DIMS, fwd_config
+from mamba_tune.conv1d.fwd import fwd_config
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -247,11 +247,6 @@ def conv1d_backward(
 
 # --- runtime declarations ---------------------------------------------------------------
 
-# The backward's first kernel (dpre, dweight, dbias) reads what the forward reads; the
-# second (dx) reads dpre, seq_idx and the final states' gradient.
-BWD_DIMS = FWD_DIMS
-BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
-               "channel_last")
 def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _w, bias, _dout, seq_idx, initial_states, _dpre, width, silu = args
     batch, dim, seqlen = x.shape
@@ -286,21 +281,15 @@ def _bwd_dx_default(dims: dict[str, int]) -> dict[str, Any]:
 
 
 CAUSAL_CONV1D_BWD = runtime.RuntimeKernel(
-    name="causal_conv1d_bwd",
-    family="conv1d",
+    key=keys.CAUSAL_CONV1D_BWD,
     kernel=causal_conv1d_bwd_kernel,
-    dims=BWD_DIMS,
-    size_dims=SIZE_DIMS,
     dims_from_args=_bwd_dims_from_args,
     default_config=_bwd_default,
 )
 
 CAUSAL_CONV1D_BWD_DX = runtime.RuntimeKernel(
-    name="causal_conv1d_bwd_dx",
-    family="conv1d",
+    key=keys.CAUSAL_CONV1D_BWD_DX,
     kernel=causal_conv1d_bwd_dx_kernel,
-    dims=BWD_DX_DIMS,
-    size_dims=SIZE_DIMS,
     dims_from_args=_bwd_dx_dims_from_args,
     default_config=_bwd_dx_default,
     dtype_arg=4,  # dx: the model's dtype (dpre is an fp32 buffer)

@@ -30,7 +30,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.conv1d.common import (
     channel_last,
     check_inputs,
@@ -113,13 +113,6 @@ def conv1d_forward(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
-            "channel_last")
-# Dims the runtime's nearest rule may vary: a config tuned at one model's xBC width and
-# sequence length serves neighbouring ones (each within 4x); width, the flags and the
-# layout stay structural.
-SIZE_DIMS = ("batch", "seqlen", "dim")
-
 
 def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, weight, bias, seq_idx, initial_states, _out, width, silu = args
@@ -139,11 +132,8 @@ def _fwd_default(dims: dict[str, int]) -> dict[str, Any]:
 
 
 CAUSAL_CONV1D_FWD = runtime.RuntimeKernel(
-    name="causal_conv1d_fwd",
-    family="conv1d",
+    key=keys.CAUSAL_CONV1D_FWD,
     kernel=causal_conv1d_fwd_kernel,
-    dims=FWD_DIMS,
-    size_dims=SIZE_DIMS,
     dims_from_args=_fwd_dims_from_args,
     default_config=_fwd_default,
 )

@@ -30,7 +30,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import keys, runtime, vocab
 from mamba_tune.conv1d.common import check_activation, check_float, check_weight, err
 
 
@@ -158,10 +158,6 @@ def causal_conv1d_update(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens",
-        "has_state_indices")
-SIZE_DIMS = ("batch", "dim")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, conv_state, _w, bias, cache_seqlens, indices, _out, width, silu = args
@@ -182,11 +178,8 @@ def _default(dims: dict[str, int]) -> dict[str, Any]:
 
 
 CAUSAL_CONV1D_UPDATE = runtime.RuntimeKernel(
-    name="causal_conv1d_update",
-    family="conv1d",
+    key=keys.CAUSAL_CONV1D_UPDATE,
     kernel=causal_conv1d_update_kernel,
-    dims=DIMS,
-    size_dims=SIZE_DIMS,
     dims_from_args=_dims_from_args,
     default_config=_default,
 )

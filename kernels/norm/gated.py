@@ -22,7 +22,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import keys, runtime, vocab
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -330,8 +330,6 @@ class RMSNormGated(torch.nn.Module):
 
 # --- runtime declarations --------------------------------------------------------------
 
-NORM_DIMS = ("rows", "d", "group_size", "has_z", "norm_before_gate", "has_bias", "is_rms", "weight_fp32")
-
 
 def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, z, w, b, _eps, nbg, rms = args
@@ -385,31 +383,18 @@ def _bwd_default(dims: dict[str, int]) -> dict[str, Any]:
     return bwd_config(dims, 16, 4)
 
 
-# The weight's dtype changes one small load, not the config space (the same structural
-# fingerprint: tests/test_warm_start.py): an entry for one weight dtype serves the other where
-# it has none (runtime's nearest rule), and a search for one may start from the other's.
-NEUTRAL_DIMS = ("weight_fp32",)
-
 GATED_NORM_FWD = runtime.RuntimeKernel(
-    name="gated_norm_fwd",
-    family="norm",
+    key=keys.GATED_NORM_FWD,
     kernel=gated_norm_fwd_kernel,
-    dims=NORM_DIMS,
-    size_dims=("rows",),
     dims_from_args=_fwd_dims_from_args,
     default_config=_fwd_default,
-    neutral_dims=NEUTRAL_DIMS,
 )
 
 GATED_NORM_BWD = runtime.RuntimeKernel(
-    name="gated_norm_bwd",
-    family="norm",
+    key=keys.GATED_NORM_BWD,
     kernel=gated_norm_bwd_kernel,
-    dims=NORM_DIMS,
-    size_dims=("rows",),
     dims_from_args=_bwd_dims_from_args,
     default_config=_bwd_default,
-    neutral_dims=NEUTRAL_DIMS,
 )
 
 __all__ = ["layernorm_fn", "rmsnorm_fn", "RMSNormGated", "LayerNormGated", "GATED_NORM_FWD", "GATED_NORM_BWD"]

@@ -25,7 +25,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.ssd import common
 
 
@@ -111,9 +111,6 @@ def bmm_chunk_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-# No has_seq_idx: the kernel is the same with and without it (the mask runs after it).
-DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     C, _B, chunk_size = args
@@ -122,10 +119,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 SSD_BMM = runtime.RuntimeKernel(
-    name="ssd_bmm",
-    family="ssd",
+    key=keys.SSD_BMM,
     kernel=bmm_chunk_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
 )

@@ -22,7 +22,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import keys, runtime, vocab
 from mamba_tune.ssd import common
 
 
@@ -114,8 +114,6 @@ def chunk_cumsum_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
@@ -125,10 +123,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 SSD_CHUNK_CUMSUM = runtime.RuntimeKernel(
-    name="ssd_chunk_cumsum",
-    family="ssd",
+    key=keys.SSD_CHUNK_CUMSUM,
     kernel=chunk_cumsum_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
 )

@@ -29,7 +29,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.ssd import common
 
 
@@ -108,13 +108,6 @@ def _launch(rows: torch.Tensor, ddA_last: torch.Tensor, dt: torch.Tensor, A: tor
 
 # --- runtime declaration ----------------------------------------------------------------
 
-# row_partials / last_partials: the partial sums folded per position (rows.size(1), one per
-# 16 of headdim) and per chunk (ddA_last.size(0), one per 16 x 16 of the state). The two
-# folding loops' trip counts shape the config (a loop of up to 8 may be a static range), so a
-# config from one count is invalid at another: they are key dims (autotune_cli.kernel_keys
-# derives them from headdim and dstate).
-DIMS = ("batch", "seqlen", "nheads", "chunk_size", "has_dt_bias", "dt_softplus", "row_partials", "last_partials")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     rows, last, dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
@@ -129,11 +122,8 @@ _DEFAULT = common.clamped_default([16], ("nheads",), 4, 2)
 
 
 SSD_CHUNK_CUMSUM_BWD = runtime.RuntimeKernel(
-    name="ssd_chunk_cumsum_bwd",
-    family="ssd",
+    key=keys.SSD_CHUNK_CUMSUM_BWD,
     kernel=chunk_cumsum_bwd_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
     dtype_arg=2,  # dt: the model's dtype (the first tensors are fp32 buffers)

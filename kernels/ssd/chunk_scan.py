@@ -27,7 +27,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.ssd import common
 
 LOG2E = 1.4426950408889634
@@ -182,8 +182,6 @@ def chunk_scan_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = (*common.SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, cb, _B, C, dt, _dA, _ps, D, z, seq_idx = args
@@ -199,11 +197,8 @@ _DEFAULT = common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "c
 
 
 SSD_CHUNK_SCAN = runtime.RuntimeKernel(
-    name="ssd_chunk_scan",
-    family="ssd",
+    key=keys.SSD_CHUNK_SCAN,
     kernel=chunk_scan_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
 )

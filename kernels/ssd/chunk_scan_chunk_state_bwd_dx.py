@@ -41,14 +41,13 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import SLOT_P, row_slots
 from mamba_tune.ssd import common
 
 SLOT = 16  # dD_part: one row per this many positions (block_m's least)
-# The least headdim block (rows' slots) and, for the dB/dC kernel's dout . y sums, the least
-# dstate block: see `slot_block`.
-SLOT_P = 64
-SLOT_N = 128
+# SLOT_P, SLOT_N: the least headdim block (rows' slots) and, for the dB/dC kernel's dout . y
+# sums, the least dstate block (mamba_tune.keys.slot_block): the rows' count is a key dim.
 LOG2E = 1.4426950408889634
 
 
@@ -189,20 +188,6 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
-def slot_block(size: int, cap: int) -> int:
-    """The least block size over a dim of `size` whose blocks each get a slot of rows (headdim
-    here, cap SLOT_P; dstate in the dB/dC kernel, cap SLOT_N): a power of two, at least 16 (the
-    dots' least), at most the largest power of two dividing size and at most cap. The kernels
-    register their blocks with this least, so no config makes more than ceil(size / it) blocks."""
-    return max(16, min(cap, size & -size))
-
-
-def row_slots(headdim: int, dstate: int) -> int:
-    """Partial slots per position in rows: one per block of headdim (this kernel's ddt~ sums)
-    or of dstate (the dB/dC kernel's dout . y sums without z), the most any config makes."""
-    return max(-(-headdim // slot_block(headdim, SLOT_P)), -(-dstate // slot_block(dstate, SLOT_N)))
-
-
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             cb: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor,
             dstates: torch.Tensor, D: torch.Tensor | None, seq_idx: torch.Tensor | None
@@ -224,8 +209,6 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = (*common.SHAPE_DIMS, "has_D", "has_z", "has_seq_idx")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     _rows, _dD, _dz, dy, z, x, B, C, cb, dt, _dA, _prev, _ds, D, seq_idx = args
@@ -242,11 +225,8 @@ _DEFAULT = common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "c
 
 
 SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = runtime.RuntimeKernel(
-    name="ssd_chunk_scan_chunk_state_bwd_dx",
-    family="ssd",
+    key=keys.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
     kernel=chunk_scan_chunk_state_bwd_dx_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
     dtype_arg=3,  # dy: the model's dtype (the first tensors are fp32 buffers)

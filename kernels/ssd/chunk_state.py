@@ -19,7 +19,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 from mamba_tune.ssd import common
 
 
@@ -116,8 +116,6 @@ def chunk_state_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = (*common.SHAPE_DIMS, "has_seq_idx")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, B, dt, _dA, seq_idx = args
@@ -131,11 +129,8 @@ _DEFAULT = common.clamped_default([64, 128, 32], ("headdim", "dstate", "chunk_si
 
 
 SSD_CHUNK_STATE = runtime.RuntimeKernel(
-    name="ssd_chunk_state",
-    family="ssd",
+    key=keys.SSD_CHUNK_STATE,
     kernel=chunk_state_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
 )

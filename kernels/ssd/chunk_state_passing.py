@@ -24,7 +24,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import keys, runtime, vocab
 from mamba_tune.ssd import chunk_state, common
 
 
@@ -134,8 +134,6 @@ def chunk_state_passing_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = (*common.SHAPE_DIMS, "has_initial_states", "has_seq_idx")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     out, x, B, dt, _dA, init, seq_idx = args
@@ -152,11 +150,8 @@ _DEFAULT = common.clamped_default([64, 64, 64], ("headdim", "dstate", "chunk_siz
 
 
 SSD_CHUNK_STATE_PASSING = runtime.RuntimeKernel(
-    name="ssd_chunk_state_passing",
-    family="ssd",
+    key=keys.SSD_CHUNK_STATE_PASSING,
     kernel=chunk_state_passing_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
 )

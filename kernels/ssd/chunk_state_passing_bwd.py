@@ -30,12 +30,13 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import PARTIAL_SLOT as SLOT
+from mamba_tune.keys import last_slots
 from mamba_tune.ssd import common
 
-# Partial sums per state block: one slot per (16-row headdim block, 16-column dstate
-# block), the finest split any config makes (block sizes are >= 16).
-SLOT = 16
+# Partial sums per state block (SLOT): one slot per (16-row headdim block, 16-column dstate
+# block), the finest split any config makes (block sizes are >= 16); their count is a key dim.
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -108,10 +109,6 @@ def chunk_state_passing_bwd_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
-def nslots(headdim: int, dstate: int) -> int:
-    return -(-headdim // SLOT) * -(-dstate // SLOT)
-
-
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum: torch.Tensor,
             prev_states: torch.Tensor, dfinal: torch.Tensor | None,
             seq_idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,7 +117,7 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum
     batch, _, nheads, headdim = dy.shape
     nchunks, dstate = dA_cumsum.shape[2], C.shape[3]
     dstates = torch.empty((batch, nchunks, nheads, headdim, dstate), dtype=dy.dtype, device=dy.device)
-    ddA_last = torch.zeros((nslots(headdim, dstate), batch, nheads, nchunks), dtype=torch.float32, device=dy.device)
+    ddA_last = torch.zeros((last_slots(headdim, dstate), batch, nheads, nchunks), dtype=torch.float32, device=dy.device)
     args = (dstates, ddA_last, dy, z, C.to(dy.dtype), dA_cumsum.contiguous(), prev_states.to(dy.dtype),
             None if dfinal is None else dfinal.contiguous(), seq_idx)
     dinit = runtime.run(SSD_CHUNK_STATE_PASSING_BWD, args)
@@ -128,8 +125,6 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum
 
 
 # --- runtime declaration ----------------------------------------------------------------
-
-DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -147,11 +142,8 @@ _DEFAULT = common.clamped_default([32, 64, 128], ("headdim", "dstate", "chunk_si
 
 
 SSD_CHUNK_STATE_PASSING_BWD = runtime.RuntimeKernel(
-    name="ssd_chunk_state_passing_bwd",
-    family="ssd",
+    key=keys.SSD_CHUNK_STATE_PASSING_BWD,
     kernel=chunk_state_passing_bwd_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
 )

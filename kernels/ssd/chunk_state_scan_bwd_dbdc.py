@@ -51,9 +51,9 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import SLOT_N
 from mamba_tune.ssd import common
-from mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx import SLOT_N
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -206,17 +206,10 @@ def chunk_state_scan_bwd_dbdc_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
-# Head runs per group: enough (chunk, group, run) triples for about this many programs per
-# dstate block (4 per SM on the H200's 132 SMs), and at most one run per head.
-TARGET_PROGRAMS = 512
-
-
 def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
-    """How many runs the host splits each group's heads into (1: no split, no partials)."""
-    heads_per_group = nheads // ngroups
-    want = min(heads_per_group, max(1, -(-TARGET_PROGRAMS // (batch * nchunks * ngroups))))
-    per_run = -(-heads_per_group // want)
-    return -(-heads_per_group // per_run)
+    """How many runs the host splits each group's heads into (1: no split, no partials): the
+    rule the keys read (mamba_tune.keys.dbdc_head_runs)."""
+    return keys.dbdc_head_runs(batch, nchunks, ngroups, nheads)
 
 
 # dC and dB in one program each (the kernel's `sides_n` 2: each program holds one fp32 accumulator
@@ -261,8 +254,6 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     _dB, _dC, dy, z, x, B, C, dt, _dA, _prev, _ds, seq_idx, _rows, _cb, _sides = args
@@ -280,11 +271,8 @@ _DEFAULT = common.clamped_default([64, 128, 64, 64], ("chunk_size", "dstate", "c
 
 
 SSD_CHUNK_STATE_SCAN_BWD_DBDC = runtime.RuntimeKernel(
-    name="ssd_chunk_state_scan_bwd_dbdc",
-    family="ssd",
+    key=keys.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
     kernel=chunk_state_scan_bwd_dbdc_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
     dtype_arg=2,  # dy: the model's dtype (dB and dC are fp32 partials when the heads are split)

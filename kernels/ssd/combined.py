@@ -28,6 +28,7 @@ import helion
 import torch
 
 from mamba_tune import env, paths, vocab
+from mamba_tune.keys import FUSE_BMM_DEFAULT, split_state_passing_bwd, two_pass_dbdc
 from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,
@@ -45,10 +46,8 @@ from mamba_tune.ssd import (
     state_passing_bwd,
 )
 
-# F5 with C B^T recomputed in registers instead of F4 + F5. Off: on the H200 at Nemotron-3
-# Nano's sizes (batch 2, seqlen 8192, bf16), with F5 tuned for the split path, the whole
-# forward took 0.804 ms fused against 0.514 ms split (mamba-ssm: 0.622 ms).
-FUSE_BMM_DEFAULT = False
+# FUSE_BMM_DEFAULT: F5 with C B^T recomputed in registers instead of F4 + F5, off (its
+# measurement in mamba_tune.keys, whose chunk scan key holds it).
 # F2 + F3 fused (sequential over chunks, one program per state tile walks every chunk)
 # instead of F2 then the parallel scan F3. On: it never writes the fp32 chunk states (268 MB
 # each way at Nemotron-3 Nano's sizes). Measured on the H200 there with tuned configs:
@@ -66,19 +65,8 @@ UNSAFE_GPU_SEQ_IDX = env.UNSAFE_GPU_SEQ_IDX
 
 # B2 + B3 (the state gradients) as one walk over the chunks with a dot per step
 # (`chunk_state_passing_bwd`) or as F2's kernel for every chunk's term then an elementwise walk
-# (`state_passing_bwd`): `split_state_passing_bwd` picks one per shape (the registry's
+# (`state_passing_bwd`): `split_state_passing_bwd` (mamba_tune.keys) picks one per shape (the registry's
 # "ssd_state_passing_bwd", mamba_tune.paths, names the variable that overrides it).
-
-
-def split_state_passing_bwd(batch: int, nheads: int, chunk_size: int) -> bool:
-    """Whether the backward runs B2 + B3 split (`state_passing_bwd`) at this shape: where the
-    one walk has few chains to run side by side (batch * nheads < 64) or long steps (each a
-    dot over chunk_size >= 256 positions). Both paths were timed at every preset on the H200
-    (`experiments/ssd_bwd_paths/state_passing_bwd_paths.py`): the split won at Falcon-H1, Mamba2
-    and Zamba2 (Falcon-H1 0.168 against 0.199 ms), the one walk at Nemotron-3 Nano, 8B and 47B
-    (Nano TP1 0.248 against 0.303 ms); docs/results.md has the whole steps. Mirrored by
-    autotune_cli.kernel_keys (tests/ssd/test_state_passing_bwd.py checks they agree)."""
-    return batch * nheads < 64 or chunk_size >= 256
 
 
 def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
@@ -88,18 +76,8 @@ def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
 
 # B5-B8 (dB, dC) in one kernel (`chunk_state_scan_bwd_dbdc`, each dCB tile built by the program
 # of its rows and again by the program of its columns, and once per dstate block) or in two
-# passes (`dbdc_two_pass`: each tile once, through a head-summed buffer): `two_pass_dbdc` picks
+# passes (`dbdc_two_pass`: each tile once, through a head-summed buffer): `two_pass_dbdc` (mamba_tune.keys) picks
 # one per shape (the registry's "ssd_dbdc", mamba_tune.paths).
-
-
-def two_pass_dbdc(dstate: int) -> bool:
-    """Whether the backward takes dB and dC in two passes (`dbdc_two_pass`) at this shape: at
-    dstate >= 256, where the one kernel rebuilds each dCB tile for every dstate block it holds.
-    Both were timed at every preset on the H200 (`experiments/ssd_bwd_paths/dbdc_paths.py`): two
-    passes won only at dstate 256 (Nemotron-H 47B: 4.058 against 5.194 ms), the one kernel at
-    every dstate <= 128 (Nano: 0.645 against 0.831 ms); docs/results.md has the whole steps. Mirrored by
-    autotune_cli.kernel_keys (tests/ssd/test_dbdc_two_pass.py checks they agree)."""
-    return dstate >= 256
 
 
 def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

@@ -40,9 +40,9 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import SLOT_N
 from mamba_tune.ssd import common
-from mamba_tune.ssd.chunk_scan_chunk_state_bwd_dx import SLOT_N
 from mamba_tune.ssd.chunk_state_scan_bwd_dbdc import head_splits
 
 
@@ -223,9 +223,6 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
 
 # --- runtime declarations ---------------------------------------------------------------
 
-DCB_DIMS = (*common.SHAPE_DIMS, "has_z", "has_seq_idx")
-DBDC_DIMS = ("batch", "seqlen", "ngroups", "dstate", "chunk_size", "runs")
-
 
 def _dcb_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     _S, _dBs, _dCs, dy, z, x, C, dt, _dA, _prev, _ds, seq_idx, _rows, _cb = args
@@ -252,22 +249,16 @@ _DBDC_DEFAULT = common.clamped_default([64, 64, 128], ("chunk_size", "chunk_size
 
 
 SSD_DCB = runtime.RuntimeKernel(
-    name="ssd_chunk_state_scan_bwd_dcb",
-    family="ssd",
+    key=keys.SSD_CHUNK_STATE_SCAN_BWD_DCB,
     kernel=dcb_kernel,
-    dims=DCB_DIMS,
-    size_dims=common.size_dims(DCB_DIMS),
     dims_from_args=_dcb_dims_from_args,
     default_config=_DCB_DEFAULT,
     dtype_arg=3,  # dy: the model's dtype (S's may match, the state partials are fp32)
 )
 
 SSD_DBDC_FROM_DCB = runtime.RuntimeKernel(
-    name="ssd_bmm_bwd_dbdc",
-    family="ssd",
+    key=keys.SSD_BMM_BWD_DBDC,
     kernel=dbdc_kernel,
-    dims=DBDC_DIMS,
-    size_dims=common.size_dims(DBDC_DIMS),
     dims_from_args=_dbdc_dims_from_args,
     default_config=_DBDC_DEFAULT,
     dtype_arg=0,

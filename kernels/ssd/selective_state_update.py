@@ -34,7 +34,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -253,10 +253,6 @@ def selective_state_update(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-DIMS = ("batch", "nheads", "headdim", "ngroups", "dstate", "has_D", "has_z", "has_dt_bias", "dt_softplus",
-        "tie_hdim", "has_state_batch_indices", "fp32_state")
-SIZE_DIMS = ("batch", "nheads")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     state, x, _dt, _A, B, _C, D, z, dt_bias, sbi, softplus, tie = args
@@ -283,11 +279,8 @@ def default_config(dims: dict[str, int]) -> dict[str, Any]:
 
 
 SELECTIVE_STATE_UPDATE = runtime.RuntimeKernel(
-    name="selective_state_update",
-    family="ssd",
+    key=keys.SELECTIVE_STATE_UPDATE,
     kernel=selective_state_update_kernel,
-    dims=DIMS,
-    size_dims=SIZE_DIMS,
     dims_from_args=_dims_from_args,
     default_config=default_config,
     dtype_arg=1,

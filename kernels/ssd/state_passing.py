@@ -26,7 +26,7 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime, vocab
+from mamba_tune import keys, runtime, vocab
 from mamba_tune.ssd import common
 
 
@@ -156,9 +156,6 @@ def state_passing_fwd(
 
 # --- runtime declaration ----------------------------------------------------------------
 
-# seqlen here is nchunks * chunk_size (the kernel sees chunks, not positions).
-DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_initial_states", "has_seq_idx")
-
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     _out, states, dA_cumsum, init, seq_idx = args
@@ -170,10 +167,7 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 SSD_STATE_PASSING = runtime.RuntimeKernel(
-    name="ssd_state_passing",
-    family="ssd",
+    key=keys.SSD_STATE_PASSING,
     kernel=state_passing_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
 )

@@ -34,9 +34,10 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import PARTIAL_SLOT as SLOT
+from mamba_tune.keys import last_slots
 from mamba_tune.ssd import chunk_state, common
-from mamba_tune.ssd.chunk_state_passing_bwd import SLOT, nslots
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune,
@@ -112,7 +113,7 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum
     dA = dA_cumsum.contiguous()
     dprev = chunk_state._launch(C, dout, entering_weights(dA, seq_idx, seqlen), torch.zeros_like(dA), None)
     dstates = torch.empty((batch, nchunks, nheads, headdim, dstate), dtype=dy.dtype, device=dy.device)
-    ddA_last = torch.zeros((nslots(headdim, dstate), batch, nheads, nchunks), dtype=torch.float32, device=dy.device)
+    ddA_last = torch.zeros((last_slots(headdim, dstate), batch, nheads, nchunks), dtype=torch.float32, device=dy.device)
     args = (dstates, ddA_last, dprev, dA, prev_states.to(dy.dtype),
             None if dfinal is None else dfinal.contiguous(), seq_idx)
     dinit = runtime.run(SSD_STATE_PASSING_BWD, args)
@@ -120,9 +121,6 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum
 
 
 # --- runtime declaration ----------------------------------------------------------------
-
-# seqlen: the chunks' length (nchunks * chunk_size), as F3's `ssd_state_passing` keys it.
-DIMS = ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_seq_idx", "has_dfinal")
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
@@ -141,11 +139,8 @@ _DEFAULT = common.clamped_default([16, 64], ("headdim", "dstate"), 4, 2)
 
 
 SSD_STATE_PASSING_BWD = runtime.RuntimeKernel(
-    name="ssd_state_passing_bwd",
-    family="ssd",
+    key=keys.SSD_STATE_PASSING_BWD,
     kernel=state_passing_bwd_kernel,
-    dims=DIMS,
-    size_dims=common.size_dims(DIMS),
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
 )

@@ -321,7 +321,7 @@ def test_runtime_dims_name_every_option() -> None:
         case = Case(layout, 3, option)
         fwd_args = (case.x, case.weight, case.bias, case.seq_idx, case.init, common.like(case.x), 3, bool(case.activation))
         dims = fwd._fwd_dims_from_args(fwd_args)
-        assert tuple(dims) == fwd.FWD_DIMS
+        assert tuple(dims) == fwd.CAUSAL_CONV1D_FWD.dims
         assert dims["channel_last"] == int(layout == "channel_last")
         assert (dims["has_bias"], dims["has_seq_idx"], dims["has_initial_states"], dims["silu"]) == (
             int(case.bias is not None), int(case.seq_idx is not None), int(case.init is not None),

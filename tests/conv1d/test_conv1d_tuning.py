@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import ModelShape
 from autotune_cli.spec import DEFAULT_TOLERANCES
 from autotune_cli.tuner import check_accuracy
 from autotune_cli.tuning import get
+from mamba_tune.keys import ModelShape
 
 pytestmark = pytest.mark.usefixtures("conv_ref_mode")
 

@@ -129,6 +129,6 @@ def test_runtime_dims() -> None:
     x, state, weight, bias = _inputs(2, 6, 3, 4, 5, 4, torch.float32)
     for cs, idx in itertools.product((None, torch.zeros(2, dtype=torch.int32)), repeat=2):
         dims = update._dims_from_args((x, state, weight, bias, cs, idx, torch.empty_like(x), 4, True))
-        assert tuple(dims) == update.DIMS
+        assert tuple(dims) == update.CAUSAL_CONV1D_UPDATE.dims
         assert (dims["state_len"], dims["has_cache_seqlens"], dims["has_state_indices"]) == (
             5, int(cs is not None), int(idx is not None))

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import bwd_partials, dbdc_head_runs
 from autotune_cli.reference import ssd_chunked_grads, ssd_recurrent_ref
 from autotune_cli.tuning import get
 from autotune_cli.tuning.ssd.inputs import SSDInputs
-from mamba_tune import runtime
+from mamba_tune import keys, runtime
+from mamba_tune.keys import bwd_partials, dbdc_head_runs
 from mamba_tune.ssd import mamba_chunk_scan_combined
 
 pytestmark = pytest.mark.usefixtures("ssd_ref_mode", "nan_empty")
@@ -85,9 +85,7 @@ def test_backward_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_
 def test_dbdc_head_runs_agree_with_the_reference(flags, target, splits, monkeypatch):
     """dB and dC with each group's heads in one program (Nemotron's groups) and split into runs
     with fp32 partials (Mamba2's one 80-head group): both within the stage's bound."""
-    from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
-
-    monkeypatch.setattr(kernel, "TARGET_PROGRAMS", target)
+    monkeypatch.setattr(keys, "DBDC_TARGET_PROGRAMS", target)
     tk = get("ssd_chunk_state_scan_bwd_dbdc")
     shape = (2, 80, 6, 24, 2, 24, 32)  # 3 heads per group
     dims = {k: v for k, v in _dims(shape, has_z=flags, has_seq_idx=flags).items() if k in tk.dims}

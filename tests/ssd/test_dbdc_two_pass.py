@@ -9,7 +9,6 @@ unwritten entry shows as NaN in dB or dC.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -18,9 +17,9 @@ import sys
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import bwd_partials
 from autotune_cli.tuning import get
-from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+from mamba_tune import keys
+from mamba_tune.keys import bwd_partials
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as one
 from mamba_tune.ssd import dbdc_two_pass as two
 from mamba_tune.ssd import mamba_chunk_scan_combined
@@ -51,7 +50,7 @@ def _inputs(shape: tuple[int, ...], z_on: bool, seq_on: bool, rows_on: bool, dty
         seq = torch.zeros(b, L, dtype=torch.int32)
         seq[:, L // 3:] = 1
         seq[:, 2 * L // 3:] = 2
-    rows = randn(3, dx_kernel.row_slots(P, N), b, H, nch * Q, dt=torch.float32) if rows_on else None
+    rows = randn(3, keys.row_slots(P, N), b, H, nch * Q, dt=torch.float32) if rows_on else None
     cb = randn(b, nch, G, Q, Q, dt=torch.float32) if rows_on else None
     return (randn(b, L, H, P), randn(b, L, H, P) if z_on else None, randn(b, L, H, P), randn(b, L, G, N),
             randn(b, L, G, N), dt, dA, randn(b, nch, H, P, N), randn(b, nch, H, P, N), seq), rows, cb
@@ -67,7 +66,7 @@ def test_two_passes_match_the_one_kernel_in_fp32(shape, z_on, seq_on, rows_on, t
     """The same sums in another order: fp32 outputs (dB, dC and the sums added to the dx
     kernel's rows) agree to rounding, at one run of heads per group and at one run per head."""
     if target is not None:
-        monkeypatch.setattr(one, "TARGET_PROGRAMS", target)
+        monkeypatch.setattr(keys, "DBDC_TARGET_PROGRAMS", target)
     inputs, rows, cb = _inputs(shape, z_on, seq_on, rows_on, torch.float32)
     r1 = None if rows is None else rows.clone()
     r2 = None if rows is None else rows.clone()
@@ -136,19 +135,10 @@ def test_the_switch_runs_the_two_passes_in_the_autograd_backward(monkeypatch):
         _grads(monkeypatch, "three", torch.float32)
 
 
-def test_the_rule_and_the_head_runs_are_mirrored_in_the_key_records():
-    """combined.two_pass_dbdc and head_splits agree with kernel_keys' torch-free copies (what
-    `plan` lists), and the rule takes the two passes where they measured faster: dstate 256."""
-    from autotune_cli import kernel_keys
-    from mamba_tune.ssd import combined
+def test_the_rule_takes_the_two_passes_where_they_measured_faster():
+    from mamba_tune.keys import two_pass_dbdc
 
-    for dstate in (8, 16, 64, 128, 192, 256, 512):
-        assert kernel_keys.two_pass_dbdc(dstate) == combined.two_pass_dbdc(dstate), dstate
-    assert [combined.two_pass_dbdc(n) for n in (64, 128, 256)] == [False, False, True]
-    for batch, nchunks, ngroups, nheads in itertools.product((1, 2, 8), (1, 3, 32, 64, 256), (1, 2, 8), (8, 24, 80, 256)):
-        if nheads % ngroups == 0:
-            got = kernel_keys.dbdc_head_runs(batch, nchunks, ngroups, nheads)
-            assert got == one.head_splits(batch, nchunks, ngroups, nheads), (batch, nchunks, ngroups, nheads)
+    assert [two_pass_dbdc(n) for n in (64, 128, 256)] == [False, False, True]
     # Mamba2 / Zamba2 at batch 2, seqlen 8192, chunk 256 (32 chunks, one group of 80 heads): 8 runs
     # of 10 heads; Nemotron-3 Nano TP1 (64 chunks, 8 groups of 8 heads): one run.
     assert one.head_splits(2, 32, 1, 80) == 8
@@ -157,15 +147,15 @@ def test_the_rule_and_the_head_runs_are_mirrored_in_the_key_records():
 
 def test_plan_lists_the_path_the_rule_runs():
     """At dstate 256 (Nemotron-H 47B) the keys are the two passes', elsewhere the one kernel's."""
-    from autotune_cli.kernel_keys import ModelShape, all_keys
+    from mamba_tune.keys import ModelShape, all_keys
 
-    keys = all_keys()
+    by_name = all_keys()
     names = ("ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_state_scan_bwd_dcb", "ssd_bmm_bwd_dbdc")
     h47 = ModelShape(batch=2, seqlen=8192, nheads=256, headdim=64, ngroups=8, dstate=256, chunk_size=128)
     nano = ModelShape(batch=2, seqlen=8192, nheads=64, headdim=64, ngroups=8, dstate=128, chunk_size=128)
-    assert [keys[n].dims_for(h47) is None for n in names] == [True, False, False]
-    assert keys["ssd_bmm_bwd_dbdc"].dims_for(h47)["runs"] == one.head_splits(2, 64, 8, 256)
-    assert [keys[n].dims_for(nano) is None for n in names] == [False, True, True]
+    assert [by_name[n].dims_for(h47) is None for n in names] == [True, False, False]
+    assert by_name["ssd_bmm_bwd_dbdc"].dims_for(h47)["runs"] == one.head_splits(2, 64, 8, 256)
+    assert [by_name[n].dims_for(nano) is None for n in names] == [False, True, True]
 
 
 _LOWER = r"""

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from worker_processes import run_cases
 
-from autotune_cli.kernel_keys import bwd_partials
+from mamba_tune.keys import bwd_partials
 
 # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
 SHAPES = {
@@ -131,11 +131,11 @@ SLOT_BLOCKS = {"ssd_chunk_scan_chunk_state_bwd_dx": ("headdim", "SLOT_P"), "ssd_
 @pytest.mark.xdist_group("ssd-lowering")
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES if c[1] in SLOT_BLOCKS])
 def test_slot_blocks_are_at_least_the_launchers(lowered: dict[str, dict[str, Any]], case_id: str) -> None:
-    from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+    from mamba_tune import keys
 
     _, stage, dims, _ = next(c for c in CASES if c[0] == case_id)
     dim, cap = SLOT_BLOCKS[stage]
     assert lowered[case_id]["ok"], lowered[case_id]["error"]
     least = lowered[case_id]["least_blocks"][1]
-    assert least == dx_kernel.slot_block(dims[dim], getattr(dx_kernel, cap)), (case_id, least)
-    assert -(-dims[dim] // least) <= dx_kernel.row_slots(dims["headdim"], dims["dstate"])
+    assert least == keys.slot_block(dims[dim], getattr(keys, cap)), (case_id, least)
+    assert -(-dims[dim] // least) <= keys.row_slots(dims["headdim"], dims["dstate"])

@@ -7,14 +7,10 @@ from typing import Any
 import torch
 
 from autotune_cli.reference import chunk_cumsum_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
 from mamba_tune.ssd import chunk_cumsum as kernel
 from mamba_tune.ssd import common
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
@@ -58,7 +54,6 @@ _SEEDS = inputs.fixed_seeds([([16], 4, 2), ([8], 4, 2)])
 
 SSD_CHUNK_CUMSUM = TunableKernel(
     runtime=kernel.SSD_CHUNK_CUMSUM,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

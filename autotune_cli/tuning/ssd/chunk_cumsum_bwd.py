@@ -7,13 +7,9 @@ from typing import Any
 import torch
 
 from autotune_cli.reference import chunk_cumsum_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
 from mamba_tune.ssd import chunk_cumsum_bwd as kernel
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
 
 
 class _StageInputs:
@@ -105,7 +101,6 @@ _SEEDS = inputs.fixed_seeds([([16], 4, 2), ([8], 4, 2), ([32], 4, 2)])
 
 SSD_CHUNK_CUMSUM_BWD = TunableKernel(
     runtime=kernel.SSD_CHUNK_CUMSUM_BWD,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

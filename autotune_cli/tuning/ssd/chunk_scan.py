@@ -7,15 +7,10 @@ from typing import Any
 import torch
 
 from autotune_cli.reference import bmm_chunk_ref, chunk_cumsum_ref, chunk_scan_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
 from mamba_tune.ssd import chunk_scan as kernel
 from mamba_tune.ssd import common
-from mamba_tune.ssd.combined import FUSE_BMM_DEFAULT
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return {**inputs.pick(inputs.mixer_dims(shape), kernel.DIMS[:-1]), "fused_bmm": int(FUSE_BMM_DEFAULT)}
 
 
 class _StageInputs:
@@ -97,7 +92,6 @@ _SEEDS = inputs.fixed_seeds([([64, 64, 32, 128], 4, 3), ([64, 64, 32, 128], 4, 4
 
 SSD_CHUNK_SCAN = TunableKernel(
     runtime=kernel.SSD_CHUNK_SCAN,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

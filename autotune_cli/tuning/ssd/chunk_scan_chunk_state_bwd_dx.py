@@ -6,14 +6,11 @@ from typing import Any
 
 import torch
 
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from mamba_tune import keys
 from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as kernel
 from mamba_tune.ssd import common as kernel_common
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
 
 
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
@@ -22,7 +19,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     b, L, H, P = i.x.shape
     nc, Q = s.dt_out.shape[2], s.dt_out.shape[3]
     dstates = s.dstates_lowp
-    rows = torch.zeros((3, kernel.row_slots(P, i.C.shape[3]), b, H, nc * Q), dtype=torch.float32, device=device)
+    rows = torch.zeros((3, keys.row_slots(P, i.C.shape[3]), b, H, nc * Q), dtype=torch.float32, device=device)
     dD_part = torch.zeros((b, -(-L // kernel.SLOT), H, P), dtype=torch.float32, device=device)
     dz = None if i.z is None else torch.empty_like(i.z)
     args = (rows, dD_part, dz, s.dy, i.z, i.x, i.B, i.C, s.cb, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
@@ -97,12 +94,11 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 # The headdim block starts at the least the kernel registers (`slot_block`).
 _SEEDS = inputs.fixed_seeds([([64, 64, 32, 64], 4, 3), ([64, 64, 64, 64], 4, 3), ([32, 64, 32, 64], 4, 3),
                              ([64, 32, 32, 128], 4, 3), ([128, 64, 32, 64], 8, 3), ([64, 64, 32, 32], 4, 2)],
-                            least=lambda d: {1: kernel.slot_block(d["headdim"], kernel.SLOT_P)})
+                            least=lambda d: {1: keys.slot_block(d["headdim"], keys.SLOT_P)})
 
 
 SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = TunableKernel(
     runtime=kernel.SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

@@ -7,13 +7,9 @@ from typing import Any
 import torch
 
 from autotune_cli.reference import chunk_cumsum_ref, chunk_state_ref, state_passing_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
 from mamba_tune.ssd import chunk_state_passing as kernel
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    return inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
 
 
 class _StageInputs:
@@ -81,7 +77,6 @@ _SEEDS = inputs.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 6
 
 SSD_CHUNK_STATE_PASSING = TunableKernel(
     runtime=kernel.SSD_CHUNK_STATE_PASSING,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from mamba_tune import keys
 from mamba_tune.ssd import chunk_state_passing_bwd as kernel
 
 
@@ -19,7 +19,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     N = i.C.shape[3]
     nc = s.dA_cumsum.shape[2]
     dstates = torch.empty((b, nc, H, P, N), dtype=dtype, device=device)
-    ddA_last = torch.zeros((kernel.nslots(P, N), b, H, nc), dtype=torch.float32, device=device)
+    ddA_last = torch.zeros((keys.last_slots(P, N), b, H, nc), dtype=torch.float32, device=device)
     args = (dstates, ddA_last, s.dy, i.z, i.C, s.dA_cumsum, s.prev_states_lowp, s.dfinal, i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
@@ -78,7 +78,6 @@ _SEEDS = inputs.fixed_seeds([([64, 64, 64], 4, 3), ([64, 32, 64], 4, 3), ([32, 6
 
 SSD_CHUNK_STATE_PASSING_BWD = TunableKernel(
     runtime=kernel.SSD_CHUNK_STATE_PASSING_BWD,
-    dims_for=all_keys()["ssd_chunk_state_passing_bwd"].dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

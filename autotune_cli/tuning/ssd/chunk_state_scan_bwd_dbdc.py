@@ -7,10 +7,9 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
-from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+from mamba_tune import keys
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as kernel
 
 
@@ -21,7 +20,7 @@ def rows_buffer(s: bwd_inputs.StageInputs) -> torch.Tensor | None:
     if i.z is not None:
         return None
     b, _, H, P = i.x.shape
-    return torch.zeros(3, dx_kernel.row_slots(P, i.C.shape[3]), b, H, s.dt_out.shape[2] * s.dt_out.shape[3],
+    return torch.zeros(3, keys.row_slots(P, i.C.shape[3]), b, H, s.dt_out.shape[2] * s.dt_out.shape[3],
                        device=i.x.device)
 
 
@@ -112,12 +111,11 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
 _SEEDS = inputs.fixed_seeds([([64, 128, 64, 64], 4, 3), ([64, 128, 32, 64], 4, 3), ([64, 64, 64, 64], 4, 3),
                              ([32, 128, 32, 64], 4, 3), ([64, 128, 64, 64], 8, 3), ([128, 64, 32, 64], 8, 2),
                              ([32, 64, 32, 32], 4, 3)],
-                            least=lambda d: {1: dx_kernel.slot_block(d["dstate"], dx_kernel.SLOT_N)})
+                            least=lambda d: {1: keys.slot_block(d["dstate"], keys.SLOT_N)})
 
 
 SSD_CHUNK_STATE_SCAN_BWD_DBDC = TunableKernel(
     runtime=kernel.SSD_CHUNK_STATE_SCAN_BWD_DBDC,
-    dims_for=all_keys()["ssd_chunk_state_scan_bwd_dbdc"].dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
 from autotune_cli.tuning.ssd.chunk_state_scan_bwd_dbdc import (
@@ -23,7 +22,7 @@ from autotune_cli.tuning.ssd.chunk_state_scan_bwd_dbdc import (
     rows_buffer,
     with_rows,
 )
-from mamba_tune.ssd import chunk_scan_chunk_state_bwd_dx as dx_kernel
+from mamba_tune import keys
 from mamba_tune.ssd import dbdc_two_pass as kernel
 
 
@@ -140,7 +139,7 @@ def _bmm_baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device
 # probes at Nemotron-H 47B, Nemotron-3 Nano and the one-group presets (experiments/ssd_bwd_paths/dbdc_paths.py).
 _DCB_SEEDS = inputs.fixed_seeds([([128, 128, 64, 64], 8, 2), ([64, 128, 64, 64], 8, 3), ([32, 128, 64, 64], 4, 3),
                                  ([64, 64, 64, 64], 4, 3), ([64, 128, 32, 64], 8, 2)],
-                                least=lambda d: {1: dx_kernel.slot_block(d["dstate"], dx_kernel.SLOT_N)})
+                                least=lambda d: {1: keys.slot_block(d["dstate"], keys.SLOT_N)})
 # block_sizes = [rows, chunk positions per dot, dstate], the same probes.
 _BMM_SEEDS = inputs.fixed_seeds([([32, 64, 128], 4, 3), ([64, 64, 128], 4, 3), ([64, 64, 64], 4, 3),
                                  ([32, 32, 64], 4, 3), ([64, 32, 128], 4, 2)])
@@ -148,7 +147,6 @@ _BMM_SEEDS = inputs.fixed_seeds([([32, 64, 128], 4, 3), ([64, 64, 128], 4, 3), (
 
 SSD_CHUNK_STATE_SCAN_BWD_DCB = TunableKernel(
     runtime=kernel.SSD_DCB,
-    dims_for=all_keys()["ssd_chunk_state_scan_bwd_dcb"].dims_for,
     make_problem=_make_dcb_problem,
     make_baseline=_dcb_baseline,
     seed_configs=_DCB_SEEDS,
@@ -159,7 +157,6 @@ SSD_CHUNK_STATE_SCAN_BWD_DCB = TunableKernel(
 
 SSD_BMM_BWD_DBDC = TunableKernel(
     runtime=kernel.SSD_DBDC_FROM_DCB,
-    dims_for=all_keys()["ssd_bmm_bwd_dbdc"].dims_for,
     make_problem=_make_bmm_problem,
     make_baseline=_bmm_baseline,
     seed_configs=_BMM_SEEDS,

@@ -1,7 +1,7 @@
 """Inputs, shapes and the mamba-ssm baseline shared by the SSD tuning records.
 
-- `mixer_dims` (from autotune_cli.kernel_keys): every dim of the call the Mamba-2 mixer
-  makes at a layer shape.
+- `mixer_dims` (from mamba_tune.keys): every dim of the call the Mamba-2 mixer makes at a
+  layer shape.
 - `SSDInputs`: seeded random inputs at one tuning combo: dt~ = softplus(dt + dt_bias)
   log-uniform in [1e-3, 1e-1] (Mamba-2's init) and A = -U[0.5, 4], decaying slower than
   Mamba-2's init range (-U[1, 16]) so that states carry across chunks and every check
@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 
-# The stage records' dims_for: pick(mixer_dims(shape), DIMS) (torch-free, shared with `plan`).
-from autotune_cli.kernel_keys import mixer_dims as mixer_dims
-from autotune_cli.kernel_keys import pick as pick
 from autotune_cli.tuning.record import mamba_ssm_version
+from mamba_tune.keys import mixer_dims as mixer_dims
+from mamba_tune.keys import pick as pick
 from mamba_tune.vocab import DT_LIMIT_NONE
 
 

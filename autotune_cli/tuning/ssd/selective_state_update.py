@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import decode_dims
 from autotune_cli.reference import selective_state_update_ref
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel, mamba_ssm_version
 from mamba_tune.ssd import selective_state_update as kernel
@@ -165,7 +164,6 @@ def _seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
 
 SELECTIVE_STATE_UPDATE = TunableKernel(
     runtime=kernel.SELECTIVE_STATE_UPDATE,
-    dims_for=decode_dims,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_seeds,

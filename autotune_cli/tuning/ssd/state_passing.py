@@ -7,16 +7,9 @@ from typing import Any
 import torch
 
 from autotune_cli.reference import chunk_cumsum_ref, state_passing_ref
-from autotune_cli.tuning.record import Baseline, ModelShape, Problem, TunableKernel
+from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import inputs
-from mamba_tune.ssd import common
 from mamba_tune.ssd import state_passing as kernel
-
-
-def _dims_for(shape: ModelShape) -> dict[str, int]:
-    dims = inputs.pick(inputs.mixer_dims(shape), kernel.DIMS)
-    dims["seqlen"] = common.nchunks_of(shape.seqlen, shape.chunk_size) * shape.chunk_size
-    return dims
 
 
 class _StageInputs:
@@ -81,7 +74,6 @@ _SEEDS = inputs.fixed_seeds([([2048, 4], 8, 2), ([4096, 2], 8, 2), ([2048, 2], 8
 
 SSD_STATE_PASSING = TunableKernel(
     runtime=kernel.SSD_STATE_PASSING,
-    dims_for=_dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,

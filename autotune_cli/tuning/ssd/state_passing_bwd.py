@@ -6,11 +6,10 @@ from typing import Any
 
 import torch
 
-from autotune_cli.kernel_keys import all_keys
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from autotune_cli.tuning.ssd import bwd_inputs, inputs
+from mamba_tune import keys
 from mamba_tune.ssd import state_passing_bwd as kernel
-from mamba_tune.ssd.chunk_state_passing_bwd import nslots
 
 
 def _stage(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> bwd_inputs.StageInputs:
@@ -68,7 +67,7 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     N = s.inp.C.shape[3]
     nc = s.dA_cumsum.shape[2]
     dstates = torch.empty((b, nc, H, P, N), dtype=dtype, device=device)
-    ddA_last = torch.zeros((nslots(P, N), b, H, nc), dtype=torch.float32, device=device)
+    ddA_last = torch.zeros((keys.last_slots(P, N), b, H, nc), dtype=torch.float32, device=device)
     dprev = _chunk_terms(s)
     dA = s.dA_cumsum.contiguous()
     args = (dstates, ddA_last, dprev, dA, s.prev_states_lowp, s.dfinal, s.inp.seq_idx)
@@ -125,7 +124,6 @@ _SEEDS = inputs.fixed_seeds([([16, 64], 4, 2), ([16, 32], 4, 2), ([16, 32], 2, 3
 
 SSD_STATE_PASSING_BWD = TunableKernel(
     runtime=kernel.SSD_STATE_PASSING_BWD,
-    dims_for=all_keys()["ssd_state_passing_bwd"].dims_for,
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,
