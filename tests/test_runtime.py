@@ -91,6 +91,12 @@ def test_modes(store_for):
     assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.default).config is None
 
 
+def test_bench_config_modes_are_the_runtime_modes():
+    from autotune_cli.benchmarks.cli import ConfigMode
+
+    assert [m.value for m in ConfigMode] == [m.value for m in runtime.Mode]
+
+
 def test_other_compute_capability_is_not_used(store_for):
     store, msgs = store_for(bundle(entry(config=CFG_NEAR), gpu=B200), bundle(entry(config=CFG_EXACT)))
     assert store.resolve(GATED_NORM_FWD, norm_dims(), "bf16", runtime.Mode.nearest).config == CFG_EXACT
