@@ -41,9 +41,8 @@ from autotune_cli.sweep_job import (
     SweepResult,
     bundle_path_for,
     fmt_s,
-    worker_death,
 )
-from autotune_cli.sweep_progress import Progress
+from autotune_cli.sweep_progress import Progress, RunningCombo
 from autotune_cli.worker import INBOX_JOB, STACKS_SIGNAL
 from mamba_tune.bundle import (
     Bundle,
@@ -104,57 +103,6 @@ def isolated_retry(result: dict[str, Any], isolated: bool, environ: dict[str, st
 
 
 @dataclasses.dataclass
-class _Running:
-    combo: Combo
-    index: int
-    slot: int | None
-    proc: subprocess.Popen[bytes]
-    workdir: Path
-    log_path: Path
-    started: float
-    deadline: float
-    isolated: bool = False
-    # The worker serves further combos after this one (`worker.serve`); its inbox.
-    inbox: Path | None = None
-    # Its peak resident memory, read when the sweep reaps it (`exited`).
-    maxrss_mb: float = 0.0
-
-    def exited(self) -> bool:
-        """Whether the worker exited; reaps it with wait4, which reports its peak memory."""
-        if self.proc.returncode is not None:
-            return True
-        try:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped already
-            return self.proc.poll() is not None
-        if not pid:
-            return False
-        self.proc.returncode = os.waitstatus_to_exitcode(status)
-        self.maxrss_mb = usage.ru_maxrss / 1024  # kilobytes on Linux
-        return True
-
-    def death(self) -> str:
-        """How the worker, gone without a result, ended (`sweep_job.worker_death`)."""
-        phase = self.status().get("phase")
-        return worker_death(self.proc.pid, self.proc.returncode, phase if isinstance(phase, str) else None,
-                            time.monotonic() - self.started, self.maxrss_mb)
-
-    @property
-    def result_path(self) -> Path:
-        return self.workdir / "result.json"
-
-    @property
-    def status_path(self) -> Path:
-        return self.workdir / "status.json"
-
-    def status(self) -> dict[str, object]:
-        try:
-            return json.loads(self.status_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-
-@dataclasses.dataclass
 class _Idle:
     """A warm worker between combos (`worker.serve`), waiting on its inbox."""
     proc: subprocess.Popen[bytes]
@@ -204,7 +152,7 @@ class Sweep:
     # --- workers ----------------------------------------------------------------------
 
     def _start(self, combo: Combo, index: int, slot: int | None, tmp: Path, log_dir: Path,
-               job: dict[str, Any], isolated: bool = False) -> _Running:
+               job: dict[str, Any], isolated: bool = False) -> RunningCombo:
         tag = "-isolated" if isolated else ""
         workdir = _new_dir(tmp / f"combo-{index:04d}{tag}")
         # The worker's "start" phase counts from spawned_at.
@@ -221,7 +169,7 @@ class Sweep:
             log_path.write_bytes(b"")
             self._hand_off(idle.inbox, workdir, log_path)
             now = time.monotonic()
-            return _Running(combo, index, slot, idle.proc, workdir, log_path, now, now + self.job.timeout_s(),
+            return RunningCombo(combo, index, slot, idle.proc, workdir, log_path, now, now + self.job.timeout_s(),
                             isolated, idle.inbox)
         if idle is not None:  # it died while idle: reaped here, replaced below
             idle.proc.wait()
@@ -249,7 +197,7 @@ class Sweep:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         now = time.monotonic()
-        return _Running(combo, index, slot, proc, workdir, log_path, now, now + self.job.timeout_s(), isolated, inbox)
+        return RunningCombo(combo, index, slot, proc, workdir, log_path, now, now + self.job.timeout_s(), isolated, inbox)
 
     @staticmethod
     def _hand_off(inbox: Path, workdir: Path, log_path: Path) -> None:
@@ -269,7 +217,7 @@ class Sweep:
                 _kill_group(idle.proc)
 
     @staticmethod
-    def _kill(run: _Running, dump_stacks: bool = False) -> None:
+    def _kill(run: RunningCombo, dump_stacks: bool = False) -> None:
         if dump_stacks and STACKS_SIGNAL is not None:
             # The worker writes every thread's stack to its log (faulthandler); the kill follows.
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -278,13 +226,13 @@ class Sweep:
         _kill_group(run.proc)
 
     @staticmethod
-    def _result(run: _Running) -> dict[str, Any] | None:
+    def _result(run: RunningCombo) -> dict[str, Any] | None:
         try:
             return json.loads(run.result_path.read_text())
         except (OSError, ValueError):
             return None
 
-    def _collect(self, run: _Running, timed_out: bool, result: dict[str, Any] | None
+    def _collect(self, run: RunningCombo, timed_out: bool, result: dict[str, Any] | None
                  ) -> tuple[Entry | None, Failure | None, KernelProvenance | None]:
         """The bundle record for a finished worker; `result` is its result file (None: none)."""
         combo = run.combo
@@ -348,7 +296,7 @@ class Sweep:
         log_dir.mkdir(parents=True, exist_ok=True)
         writer = BundleWriter(path, bundle, gpu, versions, self.job.spec_ref)
         queue = [(i, c, False) for i, c in enumerate(todo, start=1)]
-        running: list[_Running] = []
+        running: list[RunningCombo] = []
         free: list[int | None] = list(slots)
         progress = Progress(con, len(todo), len(slots), self.job.budget)
 
@@ -391,7 +339,7 @@ class Sweep:
 
     # --- scheduling and retry ---------------------------------------------------------
 
-    def _fill_slots(self, queue: list[tuple[int, Combo, bool]], free: list[int | None], running: list[_Running],
+    def _fill_slots(self, queue: list[tuple[int, Combo, bool]], free: list[int | None], running: list[RunningCombo],
                     tmp: Path, log_dir: Path, bundles: list[Bundle]) -> None:
         """Start queued combos (index, combo, isolated) while a GPU slot is free; each search
         starts from its key's config and the nearest tuned shapes' (`warm_start`) in `bundles`:
@@ -401,8 +349,8 @@ class Sweep:
             slot = free.pop(0)
             running.append(self._start(combo, i, slot, tmp, log_dir, self.job.worker_job(combo, bundles), isolated))
 
-    def _reap(self, running: list[_Running], free: list[int | None], now: float
-              ) -> Iterator[tuple[_Running, bool, dict[str, Any] | None]]:
+    def _reap(self, running: list[RunningCombo], free: list[int | None], now: float
+              ) -> Iterator[tuple[RunningCombo, bool, dict[str, Any] | None]]:
         """The combos that ended (their worker wrote its result or exited), or ran past their
         deadline (worker killed): (run, timed_out, its result file or None), slots freed. A warm
         worker that wrote an entry and is alive waits, idle, for its slot's next combo."""
@@ -425,7 +373,7 @@ class Sweep:
             yield run, timed_out, result
 
     @staticmethod
-    def _requeue_unclaimed(run: _Running, result: dict[str, Any] | None,
+    def _requeue_unclaimed(run: RunningCombo, result: dict[str, Any] | None,
                            queue: list[tuple[int, Combo, bool]]) -> bool:
         """A warm worker that died between combos, before taking this one: queue it again,
         first, for a new worker (nothing of it ran)."""
@@ -434,7 +382,7 @@ class Sweep:
         queue.insert(0, (run.index, run.combo, run.isolated))
         return True
 
-    def _retry_isolated(self, run: _Running, result: dict[str, Any] | None,
+    def _retry_isolated(self, run: RunningCombo, result: dict[str, Any] | None,
                         queue: list[tuple[int, Combo, bool]]) -> bool:
         """Queue the combo again, first, in an isolated worker when `isolated_retry` says so."""
         if result is None or not isolated_retry(result, run.isolated, os.environ):

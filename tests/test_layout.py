@@ -101,7 +101,7 @@ def test_import_graph_reads_the_project() -> None:
     graph = import_graph()
     assert "mamba_tune.runtime" in graph["mamba_tune.norm.gated"]
     assert "mamba_tune.ssd.common" in graph["mamba_tune.ssd.chunk_scan"]
-    assert "autotune_cli.tuning" in graph["autotune_cli.sweep"]
+    assert "autotune_cli.tuning" in graph["autotune_cli.sweep_job"]
 
 
 def test_kernels_import_nothing_of_autotune_cli() -> None:

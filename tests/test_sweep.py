@@ -304,14 +304,15 @@ def test_a_combo_no_warm_worker_took_is_queued_again(tmp_path):
     # A warm worker that dies after the hand-off file was renamed into its inbox and before it
     # took it: the combo ran nowhere, so it goes back to the front of the queue for a new
     # worker; once taken (the file gone) or with a result, it is the worker's to account for.
-    from autotune_cli.sweep import Sweep, _Running
+    from autotune_cli.sweep import Sweep
+    from autotune_cli.sweep_progress import RunningCombo
     from autotune_cli.worker import INBOX_JOB
 
     inbox = tmp_path / "worker-0001"
     inbox.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    run = _Running("combo", 7, None, proc, tmp_path / "combo-0007", tmp_path / "0007.log", 0.0, 1.0,  # type: ignore[arg-type]
+    run = RunningCombo("combo", 7, None, proc, tmp_path / "combo-0007", tmp_path / "0007.log", 0.0, 1.0,  # type: ignore[arg-type]
                    inbox=inbox)
     queue: list = [(8, "next", False)]
     assert not Sweep._requeue_unclaimed(run, None, queue)  # taken: no hand-off file left
@@ -319,7 +320,7 @@ def test_a_combo_no_warm_worker_took_is_queued_again(tmp_path):
     assert not Sweep._requeue_unclaimed(run, {"error": "x"}, queue)  # it wrote a result
     assert Sweep._requeue_unclaimed(run, None, queue)
     assert queue == [(7, "combo", False), (8, "next", False)]
-    one_shot = _Running("combo", 9, None, proc, tmp_path / "c9", tmp_path / "9.log", 0.0, 1.0)  # type: ignore[arg-type]
+    one_shot = RunningCombo("combo", 9, None, proc, tmp_path / "c9", tmp_path / "9.log", 0.0, 1.0)  # type: ignore[arg-type]
     assert not Sweep._requeue_unclaimed(one_shot, None, queue)
 
 
