@@ -254,7 +254,7 @@ def no_config_reason(e: Exception, spent: float | None, budget_s: int | None,
       every argument the kernel writes, in full, with the default config's run. When every one
       differs, no budget helps: on the H200 all 14 seeds and 30 random configs of
       47B's first dB/dC pass differed where its S buffer is never written (it started as
-      torch.empty; tests/test_tuning_written_args.py now checks every record for this). Say so.
+      torch.empty; tests/tuner/test_tuning_written_args.py now checks every record for this). Say so.
     - Else, when the budget clock had run out, the likely cause is a budget shorter than the
       first generation's compiles: on the H200 the dB/dC backward's 19 seeds took over 12 s to
       compile at one group, so a 12 s search timed none of them. Say so, and what to change.

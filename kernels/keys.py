@@ -57,7 +57,7 @@ class KernelKey:
     # The Helion kernel function, "module:function" (what a bundle's source hash covers).
     source: str
     # Structural dims that leave the config space unchanged (the same Helion structural
-    # fingerprint for every value: tests/test_warm_start.py), so that a config tuned at one
+    # fingerprint for every value: tests/tuner/test_warm_start.py), so that a config tuned at one
     # value runs at another: the "nearest" rule may cross them when no entry has the call's
     # value, and tuning may seed a search from the other values' entries.
     neutral_dims: tuple[str, ...] = ()
@@ -380,7 +380,7 @@ def norm_dims(shape: ModelShape) -> dict[str, int]:
 
 _NORM_DIMS = ("rows", "d", "group_size", "has_z", "norm_before_gate", "has_bias", "is_rms", "weight_fp32")
 # The weight's dtype changes one small load, not the config space (the same structural
-# fingerprint: tests/test_warm_start.py): an entry for one weight dtype serves the other where
+# fingerprint: tests/tuner/test_warm_start.py): an entry for one weight dtype serves the other where
 # it has none (runtime's nearest rule), and a search for one may start from the other's. A
 # bf16-weight search seeded from the fp32-weight entry ended on that entry's very config at
 # Nano TP1 on the H200 (0.191 ms, default 0.299 ms).

@@ -5,7 +5,7 @@ the default), and an environment variable may force one, for measuring. Each `Pa
 the choice, its choices, the kernels each runs, the default rule (`rule`: where it lives, its
 docstring keeps the numbers that chose it) and the variable that overrides it; `choose` is the one
 place a call site asks, and `mamba_tune.env` the one parser of the variable. docs/paths.md's
-table is `markdown()` (tests/test_env.py checks they agree).
+table is `markdown()` (tests/runtime/test_env.py checks they agree).
 
 No choice here changes a kernel's program at a given key: each selects other kernels, which have
 keys of their own; a kernel whose program depends on the shape (the dB/dC kernel's head runs, the

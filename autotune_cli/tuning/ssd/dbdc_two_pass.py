@@ -58,7 +58,7 @@ def _make_dcb_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
     nc, Q = s.dt_out.shape[2], s.dt_out.shape[3]
     runs = kernel.head_splits(b, nc, G, H)
     # Zeros, not empty: the pass writes S only where j <= l, in blocks, and Helion's search compares
-    # the whole buffer against the default config's (tests/test_tuning_written_args.py).
+    # the whole buffer against the default config's (tests/tuner/test_tuning_written_args.py).
     S = torch.zeros((runs, b, G, L, Q), dtype=i.x.dtype, device=device)
     dB_state = torch.empty((runs, b, L, G, N), dtype=torch.float32, device=device)
     dC_state = torch.empty_like(dB_state)

@@ -11,7 +11,7 @@ import pytest
 from autotune_cli.plan import plan
 from autotune_cli.spec import SpecError, load_spec, parse_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """\
 name: t

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from mamba_tune.bundle import load_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "tests/data/tiny.yaml"
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from slurm_cluster import LocalSlurm, SlurmUnavailable
 
 from mamba_tune.bundle import load_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "tests/data/tiny.yaml"
 
 # One pytest-xdist worker runs them all (`--dist loadgroup`): one cluster, started once.

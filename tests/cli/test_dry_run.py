@@ -14,7 +14,7 @@ from autotune_cli.plan import plan
 from autotune_cli.spec import load_spec
 from mamba_tune.bundle import load_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC_8B = ROOT / "sweeps/nemotron-h-8b.yaml"
 
 

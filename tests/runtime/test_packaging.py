@@ -13,7 +13,7 @@ import pytest
 from mamba_tune.bundle import find_bundles
 from mamba_tune.runtime import default_bundle_paths
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from bundles import H200, VERSIONS, bundle, entry, norm_dims
 
 from mamba_tune.bundle import Failure, GpuInfo, load_bundle, write_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def merge(*args: str) -> subprocess.CompletedProcess[str]:

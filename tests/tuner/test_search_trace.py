@@ -126,7 +126,7 @@ def test_a_real_search_leaves_its_trace(capsys: pytest.CaptureFixture[str]) -> N
     from autotune_cli.spec import load_spec
     from autotune_cli.tuner import tune
 
-    spec = load_spec(Path(__file__).parent / "data" / "tiny.yaml")
+    spec = load_spec(Path(__file__).parents[1] / "data" / "tiny.yaml")
     budget = spec.budget.model_copy(update={"effort": "quick", "seconds_per_combo": 15})
     combo = next(c for c in plan(spec) if c.kernel == "gated_norm_fwd")
     out = tune(combo.kernel, combo.dims, combo.dtype, budget, spec.tolerances[combo.dtype])

@@ -69,7 +69,7 @@ def test_exact_key_is_its_own_nearest():
 
 
 def test_a_neutral_dim_is_crossed_only_where_no_entry_matches_it():
-    # The norm's weight dtype leaves its config space unchanged (tests/test_warm_start.py): a
+    # The norm's weight dtype leaves its config space unchanged (tests/tuner/test_warm_start.py): a
     # bf16-weight call takes the fp32-weight entry of its shape when no bf16-weight entry is near.
     assert GATED_NORM_FWD.neutral_dims == ("weight_fp32",)
     call = norm_dims(rows=16384, weight_fp32=0)

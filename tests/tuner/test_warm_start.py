@@ -20,7 +20,7 @@ from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import GpuInfo, write_bundle
 
 SIZE_DIMS = get("gated_norm_fwd").size_dims
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cfg(n: int) -> dict[str, object]:

@@ -14,7 +14,7 @@ import torch
 from autotune_cli.plan import short_timeout_warning
 from autotune_cli.spec import Budget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK_30 = Budget(effort="quick", seconds_per_combo=30)
 
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from autotune_cli.app import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 

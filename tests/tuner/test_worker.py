@@ -12,7 +12,7 @@ import pytest
 
 from autotune_cli.worker import STACKS_SIGNAL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(STACKS_SIGNAL is None, reason="no real-time signals on this platform")

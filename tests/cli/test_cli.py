@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from autotune_cli.app import app
 from mamba_tune.bundle import write_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -325,7 +325,7 @@ def test_version_prints_the_package_version():
 def test_validate_lists_configs_helion_rejects(tmp_path):
     """Every config is checked against its kernel's config space at its dims, on the CPU:
     a list of the wrong length for the kernel exits 1 naming the entry. (A value no config
-    may hold fails the bundle's load: tests/test_bundle_config_safety.py.)"""
+    may hold fails the bundle's load: tests/runtime/test_bundle_config_safety.py.)"""
     p = tmp_path / "b.json"
     dims = norm_dims(rows=64, d=64, group_size=32)
     good = entry(dims=dims)

@@ -1,4 +1,4 @@
-"""The mamba-ssm switch on a CUDA GPU, against mamba-ssm itself (`pytest -m gpu tests/test_patch_gpu.py`).
+"""The mamba-ssm switch on a CUDA GPU, against mamba-ssm itself (`pytest -m gpu tests/patch/test_patch_gpu.py`).
 
 mamba-ssm's `Mamba2` (use_mem_eff_path=False) at Nemotron-3 Nano's dims, patched against
 unpatched; the gated norm with the module's row-strided z; the varlen states against

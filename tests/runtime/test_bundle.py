@@ -55,7 +55,7 @@ def test_bundle_mode_follows_the_umask(tmp_path, umask, mode):
     code = ("import os, sys; sys.path[:0] = sys.argv[3:]; os.umask(int(sys.argv[1], 8)); "
             "from bundles import bundle, entry; from mamba_tune.bundle import write_bundle; "
             "write_bundle(bundle(entry()), sys.argv[2]); write_bundle(bundle(entry()), sys.argv[2])")
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # tests/
     subprocess.run([sys.executable, "-c", code, oct(umask), str(p), str(here), str(here.parent)], check=True)
     assert stat.S_IMODE(os.stat(p).st_mode) == mode  # a rewrite too: the second write replaced the first
 
@@ -153,7 +153,7 @@ def test_git_ignores_the_temp_files_of_an_interrupted_write():
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
     # The name write_text_atomic gives its temp file, next to the bundle.

@@ -20,7 +20,7 @@ import torch
 
 from mamba_tune import ref_mode
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 
 

@@ -21,7 +21,7 @@ from mamba_tune.bundle import BundleError, find_bundles, load_bundle, write_bund
 from mamba_tune.config_schema import schema_problem
 from mamba_tune.norm.gated import GATED_NORM_FWD
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 # The exploit of the report, as it was filed: it passed `validate` and would have run at

@@ -14,7 +14,7 @@ import pytest
 
 from mamba_tune import env, paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (variable, a value it does not allow, what the one line must say)
 BAD = [

@@ -8,7 +8,7 @@ against the same weights unpatched (transformers' PyTorch code here, where mamba
 Triton kernels cannot run). A function mamba-tune does not have yet runs transformers' own
 in both arms (with a warning); the comparison then checks the provided ones inside the
 model. The tests read `not_provided()`, so they stay true as kernels are added.
-GPU tests: tests/test_transformers_patch_gpu.py.
+GPU tests: tests/patch/test_transformers_patch_gpu.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from mamba_tune.runtime import MambaTuneWarning
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_TYPES = [f.model_type for f in tp.FAMILIES]
 # transformers 5.0-5.14 (what tp calls legacy) has another structure; CI installs the newest.
 LEGACY = tp._is_legacy(importlib.import_module("transformers").__version__)

@@ -23,7 +23,7 @@ import mamba_tune
 from mamba_tune import patch
 from mamba_tune.runtime import MambaTuneWarning
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NEEDS_MAMBA_SSM = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
                                      reason="mamba-ssm is not installed (.ci/run installs it)")
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from autotune_cli.app import app
 from autotune_cli.benchmarks.results import ResultsError, load_results, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "results.md"
 

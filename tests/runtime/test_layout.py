@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Folder -> package name (kernels/ installs as mamba_tune: pyproject's package-dir).
 PACKAGES = {"kernels": "mamba_tune", "autotune_cli": "autotune_cli"}
 PROJECT = (*PACKAGES.values(), "generated_configs")

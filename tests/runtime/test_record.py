@@ -19,7 +19,7 @@ from autotune_cli.from_record import combos_from_record
 from mamba_tune import record, runtime
 from mamba_tune.bundle import entry_key, load_bundle, write_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "helion", "triton")
 
 # In a fresh interpreter: import the app, print the heavy modules loaded, then run each

@@ -294,7 +294,7 @@ print("ok")
 
 
 # Values the bundle schema allows but this kernel's config space does not (a value no config
-# may hold never gets this far: tests/test_bundle_config_safety.py).
+# may hold never gets this far: tests/runtime/test_bundle_config_safety.py).
 BAD_CONFIGS = {64: {"load_eviction_policies": ["first"] * 9}, 32: {"block_sizes": [4, 1, 1]},
                16: {"indexing": ["pointer"]}}
 

@@ -1,5 +1,5 @@
 """transformers' Mamba-2 models on a CUDA GPU, patched against their own path
-(`pytest -m gpu -s tests/test_transformers_patch_gpu.py`).
+(`pytest -m gpu -s tests/patch/test_transformers_patch_gpu.py`).
 
 Their own path is what transformers picked: mamba-ssm's and causal-conv1d's kernels where
 those import, else its PyTorch code. Bound, as in test_patch_gpu.py: in bf16,
