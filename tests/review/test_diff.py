@@ -281,7 +281,7 @@ def test_invalid_bundle_inputs(tmp_path: Path) -> None:
 
 
 def test_table_prints_markup_in_paths_as_text(tmp_path: Path) -> None:
-    name = "h200/[bold]a[/x].json"
+    name = "h200/[bold]a[x].json"  # bundles sit at <root>/<sku>/<name>.json: no "/" in the name
     fx.write(fx.bundle([fx.entry(tuned=0.1)]), tmp_path / "old" / name)
     fx.write(fx.bundle([fx.entry(tuned=0.2)], versions=fx.VERSIONS.model_copy(update={"triton": "9.9.9"})),
              tmp_path / "new" / name)

@@ -6,6 +6,7 @@ stops a training call (one warning, the kernel's default config from then on).""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,8 @@ def _with_bad_config(path: Path, field: str, value: object) -> tuple[str, str]:
 
 
 def _one_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    # `validate` shows its progress on stderr ("[1/1] checking FILE"); the error is the one other line.
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not re.match(r"\[\d+/\d+\] checking ", ln)]
     assert len(lines) == 1, text
     return lines[0]
 
