@@ -154,16 +154,22 @@ class SweepJob:
         return 2 * search + 600
 
     def warm_bundles(self, sku: str) -> list[Bundle]:
-        """The --warm-start bundles, each tuned on `sku`, this sweep's (SweepInputError if not)."""
+        """The --warm-start bundles, each tuned on `sku`, this sweep's, or on a sibling SKU of the
+        same arch (an H200 bundle for an H100 sweep: the first tune of a new SKU starts from its
+        sibling's winners, which the search times on this GPU like any candidate); SweepInputError
+        for any other."""
+        from mamba_tune.sku import siblings
+
         out = []
         for path in self.options.warm_start:
             try:
                 bundle = load_bundle(path)
             except BundleError as e:  # it names the file
                 raise SweepInputError(f"--warm-start: {str(e).splitlines()[0]}") from None
-            if bundle.provenance.gpu.sku != sku:
-                raise SweepInputError(f"--warm-start {path}: tuned on {bundle.provenance.gpu.sku}, this sweep tunes "
-                                      f"on {sku} (configs from another GPU are no starting point)")
+            got = bundle.provenance.gpu.sku
+            if got != sku and got not in siblings(sku):
+                raise SweepInputError(f"--warm-start {path}: tuned on {got}, this sweep tunes on {sku} (only "
+                                      f"{' or '.join([sku, *siblings(sku)])} configs are a starting point here)")
             out.append(bundle)
         return out
 

@@ -18,7 +18,9 @@ Then come the kernel's own hand-written seeds (`TunableKernel.seed_configs`). He
 with a log line, a seed that does not fit the shape; the tuner drops one that does not fit the
 kernel (an entry tuned on an earlier version of it: `autotune_cli.tuner.fitting_seeds`).
 
-Only entries tuned on the same SKU count: a config tuned on another GPU is no evidence here.
+Only entries tuned on this SKU, or (--warm-start) on a sibling SKU of the same arch, count: a
+sibling's winner is a starting point the search times here like any candidate (the first H100
+tune starts from the H200's); a config tuned on another arch is no evidence.
 """
 
 from __future__ import annotations

@@ -96,8 +96,13 @@ def test_warm_start_bundles_must_be_readable_and_of_this_sku(tmp_path):
                         bundle_name="t", spec_ref=None, options=SweepOptions(out_dir=tmp_path, warm_start=paths))
 
     assert [b.provenance.gpu.sku for b in sweep(h200).warm_bundles("h200")] == ["h200"]
-    with pytest.raises(SweepInputError, match=r"--warm-start .*cpu\.json: tuned on cpu, this sweep tunes on h200"):
+    # A sibling of the same arch (h200 for an h100 sweep) is a starting point; another arch is not.
+    assert [b.provenance.gpu.sku for b in sweep(h200).warm_bundles("h100")] == ["h200"]
+    with pytest.raises(SweepInputError, match=r"--warm-start .*cpu\.json: tuned on cpu, this sweep tunes on h200 "
+                                              r"\(only h200 or gh200 or h100 configs"):
         sweep(h200, cpu).warm_bundles("h200")
+    with pytest.raises(SweepInputError, match=r"--warm-start .*h200\.json: tuned on h200, this sweep tunes on b200"):
+        sweep(h200).warm_bundles("b200")
     with pytest.raises(SweepInputError, match=r"--warm-start: .*missing\.json: cannot read"):
         sweep(tmp_path / "missing.json").warm_bundles("h200")
 
