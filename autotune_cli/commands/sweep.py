@@ -105,7 +105,7 @@ DryOpt = Annotated[bool, typer.Option(
          "runs at shrunk dims (the same kernels, options and dtypes; printed).")]
 WarmOpt = Annotated[list[Path] | None, typer.Option(
     metavar="BUNDLE", dir_okay=False,
-    help="Also start each search from the configs that this bundle (tuned on the same GPU SKU) holds for the "
+    help="Also start each search from the configs that this bundle (tuned on this GPU SKU or a sibling of its arch) holds for the "
          "same key or the nearest shapes of the same kernel (repeatable); the bundle being written always counts.")]
 LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
 FreshOpt = Annotated[bool, typer.Option(
