@@ -126,15 +126,38 @@ def _verify_table(result: VerifyResult, source: str) -> Table:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f}"
 
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
     ok = len(result.results) - len(result.failed)
     table = Table(title=f"verify {escape(source)}: {ok}/{len(result.results)} ok")
-    for col in ("entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded", "why"):
+    sibling = result.against is not None
+    cols = ["entry", "status", "tuned ms", "default ms", "vs default", "recorded ms", "vs recorded"]
+    cols += [f"{result.against.gpu.sku} entry ms", "vs sibling"] if result.against is not None else []
+    for col in [*cols, "why"]:
         table.add_column(col, overflow="fold")
     for r in result.results:
-        cells = (r.key, "ok" if r.ok else "FAILED", ms(r.tuned_ms), ms(r.default_ms),
-                 "-" if r.vs_default is None else f"{r.vs_default:.2f}x", ms(r.recorded_tuned_ms),
-                 "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%", "; ".join(r.reasons))
-        table.add_row(*map(Text, cells))  # plain text: error messages may hold '[...]'
+        cells = [r.key, "ok" if r.ok else "FAILED", ms(r.tuned_ms), ms(r.default_ms), x(r.vs_default),
+                 ms(r.recorded_tuned_ms), "-" if r.vs_recorded_pct is None else f"{r.vs_recorded_pct:+.1f}%"]
+        if sibling:
+            cells += [ms(r.other_ms) if r.in_other else "not in it", x(r.vs_other)]
+        why = r.reasons + [f"sibling's entry: {w}" for w in r.other_reasons]
+        table.add_row(*map(Text, [*cells, "; ".join(why)]))  # plain text: error messages may hold '[...]'
+    return table
+
+
+def _against_table(result: VerifyResult, source: str) -> Table:
+    """--against: per kernel, this SKU's entries against the sibling's (and the default, mamba-ssm)."""
+    from autotune_cli.review.sku_compare import HEADER, cells, summarize
+
+    assert result.against is not None
+    a = result.against
+    table = Table(title=f"{escape(source)} ({result.bundle_gpu.sku}) against {escape(a.path)} ({a.gpu.sku}) "
+                        f"on {escape(result.gpu.name)}: speedups, above 1.00x {result.bundle_gpu.sku}'s entry is faster")
+    for col in HEADER:
+        table.add_column(col, overflow="fold")
+    for s in summarize([r.to_json() for r in result.results]):
+        table.add_row(*map(Text, cells(s)))
     return table
 
 
@@ -156,15 +179,28 @@ def verify_command(
     seed: Annotated[int | None, typer.Option("--seed", metavar="SEED",
         min=0, help="Seed of the numerics-check inputs (default: the entry's search seed + 1, as the tuner "
                     "checked it).")] = None,
+    against: Annotated[Path | None, typer.Option("--against", metavar="OTHER", exists=True, dir_okay=False,
+        help="A bundle of a sibling SKU of the same arch (e.g. the H200's for an H100 bundle): also check and "
+             "time its entry for each key, in the same process, and report the speedups per kernel.")] = None,
 ) -> None:
     """Re-run every entry of BUNDLE on this GPU: compiles, passes numerics, beats the kernel's default config."""
     from autotune_cli.review import verify as v
+    from autotune_cli.review.sku_compare import against_problem
     from mamba_tune.bundle import BundleError, load_bundle
 
     try:
         bundle = load_bundle(bundle_path)
     except BundleError as e:
         fail(str(e))
+    other = None
+    if against is not None:
+        try:
+            other = load_bundle(against)
+        except BundleError as e:
+            fail(f"--against: {str(e).splitlines()[0]}")
+        problem = against_problem(bundle.provenance.gpu, other.provenance.gpu)
+        if problem is not None:
+            fail(f"--against {against}: {problem}")
     if kernel:
         unknown = sorted(set(kernel) - {e.kernel for e in bundle.entries.values()})
         if unknown:
@@ -181,7 +217,7 @@ def verify_command(
     try:
         result = v.verify_bundle(bundle, margins=v.Margins(noise_pct, regression_pct), seed=seed,
                                  kernels=kernel or None, allow_arch_mismatch=allow_arch_mismatch,
-                                 progress=progress)
+                                 against=None if other is None else (str(against), other), progress=progress)
     except v.VerifyInputError as e:
         fail(str(e))
     bv, hv = result.bundle_versions, result.versions
@@ -189,6 +225,11 @@ def verify_command(
               f"triton {bv.triton}; verified on {result.gpu.name} with helion {hv.helion}, torch {hv.torch}, "
               f"triton {hv.triton}", markup=False)
     out.print(_verify_table(result, str(bundle_path)))
+    if result.against is not None:
+        out.print(_against_table(result, str(bundle_path)))
+        for side, keys in ((bundle_path, result.against.only_ours), (against, result.against.only_other)):
+            if keys:
+                out.print(f"only in {side} ({len(keys)}): " + ", ".join(keys), markup=False, highlight=False)
     if json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,12 @@ For each entry, on the current CUDA device:
 4. it is not slower than its recorded tuned_ms beyond a regression margin: what a
    helion, triton, torch or driver upgrade does to a config shows up here.
 
+With `against` (a bundle of a sibling SKU of the same arch: `review.sku_compare`), each entry
+whose key that bundle also holds has the sibling's config compiled, checked on the same
+inputs (with the tolerance its own entry was accepted with) and timed the same way, in the
+same process: what tuning on this SKU buys over borrowing the sibling's entry. The
+sibling's result is for the record; it does not fail the entry.
+
 Timing margins exist because two do_bench medians of the same config differ by a few
 percent between processes; they are options, not silent slack.
 """
@@ -54,6 +60,11 @@ class EntryResult:
     max_abs_err: dict[str, float] = dataclasses.field(default_factory=dict)
     bound: dict[str, float] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    # --against: the sibling bundle's entry for this key (in_other), timed here, or why not.
+    in_other: bool = False
+    other_ms: float | None = None
+    same_as_other: bool = False
+    other_reasons: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def vs_default(self) -> float | None:
@@ -63,8 +74,37 @@ class EntryResult:
     def vs_recorded_pct(self) -> float | None:
         return None if self.tuned_ms is None else (self.tuned_ms / self.recorded_tuned_ms - 1.0) * 100.0
 
+    @property
+    def vs_other(self) -> float | None:
+        """The sibling entry's time over ours (above 1: this SKU's own entry is faster)."""
+        return None if self.tuned_ms is None or self.other_ms is None else self.other_ms / self.tuned_ms
+
+    @property
+    def vs_baseline(self) -> float | None:
+        return None if self.tuned_ms is None or self.baseline_ms is None else self.baseline_ms / self.tuned_ms
+
+    @property
+    def kernel(self) -> str:
+        return self.key.split("|")[0]
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"vs_default": self.vs_default, "vs_recorded_pct": self.vs_recorded_pct}
+        return {"kernel": self.kernel} | dataclasses.asdict(self) | {
+            "vs_default": self.vs_default, "vs_recorded_pct": self.vs_recorded_pct, "vs_other": self.vs_other,
+            "vs_baseline": self.vs_baseline}
+
+
+@dataclasses.dataclass(frozen=True)
+class Against:
+    """--against: the sibling bundle, and the keys only one of the two bundles holds."""
+
+    path: str
+    gpu: GpuInfo
+    only_ours: list[str]
+    only_other: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bundle": self.path, "gpu": self.gpu.model_dump(), "only_ours": self.only_ours,
+                "only_other": self.only_other}
 
 
 @dataclasses.dataclass
@@ -76,6 +116,7 @@ class VerifyResult:
     margins: Margins
     started: str
     results: list[EntryResult]
+    against: Against | None = None
 
     @property
     def failed(self) -> list[EntryResult]:
@@ -87,8 +128,8 @@ class VerifyResult:
             "gpu": self.gpu.model_dump(), "versions": self.versions.model_dump(),
             "bundle_gpu": self.bundle_gpu.model_dump(), "bundle_versions": self.bundle_versions.model_dump(),
             "margins": dataclasses.asdict(self.margins), "ok": not self.failed,
-            "entries": [r.to_json() for r in self.results],
-        }
+            "entries": [r.to_json() | {"card": self.gpu.sku} for r in self.results],
+        } | ({} if self.against is None else {"against": self.against.to_json()})
 
 
 # --- pure rules (no GPU): tested on the CPU ----------------------------------------------
@@ -123,6 +164,10 @@ def describe(r: EntryResult) -> str:
            f"{r.recorded_tuned_ms:.4f} ms, {r.vs_recorded_pct:+.1f}%"
     if r.baseline_ms is not None:
         text += f"; {r.baseline} {r.baseline_ms:.4f} ms, {r.baseline_ms / r.tuned_ms:.2f}x"
+    if r.in_other:
+        text += "; sibling's entry " + (f"{r.other_ms:.4f} ms, {r.vs_other:.2f}x" if r.vs_other is not None
+                                        else "not timed: " + "; ".join(r.other_reasons or ["this entry failed"]))
+        text += " (the same config)" if r.same_as_other else ""
     text += ")"
     return text + ("" if r.ok else ": " + "; ".join(r.reasons))
 
@@ -152,16 +197,39 @@ def environment_check(bundle: Bundle, allow_arch_mismatch: bool) -> GpuInfo:
     return here
 
 
-def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResult:
+def _compile_and_check(bound: Any, config: Any, check: Any, accuracy: Any) -> tuple[Callable[..., Any] | None, Any, str]:
+    """Compile `config` and check its outputs on `check` with an entry's tolerance (`accuracy`):
+    (the compiled function, the numerics, "") or (None, the numerics if measured, why not)."""
+    import torch
+
+    from autotune_cli.tuner import TuneFailure, accuracy_reason, check_accuracy
+
+    try:
+        fn: Callable[..., Any] = bound.compile_config(config, allow_print=False)
+    except Exception as e:  # the compiler's verdict on this config, reported per entry
+        return None, None, f"does not compile: {_first_line(e)}"
+    try:
+        acc = check_accuracy(check, check.run(fn), Tolerance(atol=accuracy.atol, factor=accuracy.factor))
+        torch.cuda.synchronize()
+    except TuneFailure as e:
+        return None, None, f"wrong outputs: {e}"
+    except Exception as e:  # Triton compiles at the first launch: its errors land here too
+        return None, None, f"does not run: {_first_line(e)}"
+    return (fn, acc, "") if acc.passed else (None, acc, accuracy_reason(acc))
+
+
+def verify_entry(entry: Entry, margins: Margins, seed: int | None, other: Entry | None = None) -> EntryResult:
+    """Verify one entry; with `other` (the sibling bundle's entry for the same key), also check
+    and time its config on the same inputs, right after ours."""
     import helion
     import torch
 
-    from autotune_cli.tuner import TuneFailure, accuracy_reason, bench_ms, check_accuracy
+    from autotune_cli.tuner import bench_ms
     from autotune_cli.tuning import all_kernels
     from mamba_tune.vocab import torch_dtype
 
     res = EntryResult(key=entry.key, ok=False, reasons=[], recorded_tuned_ms=entry.timing.tuned_ms,
-                      recorded_default_ms=entry.timing.default_ms)
+                      recorded_default_ms=entry.timing.default_ms, in_other=other is not None)
     tk = all_kernels().get(entry.kernel)
     if tk is None:
         res.reasons.append(f"unknown kernel {entry.kernel!r} (not in this checkout's registry)")
@@ -179,27 +247,19 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
     except Exception as e:  # bad dims for this kernel, inputs that do not fit: a finding
         res.reasons.append(f"cannot build the problem: {_first_line(e)}")
         return res
-    try:
-        fn: Callable[..., Any] = bound.compile_config(config, allow_print=False)
-    except Exception as e:  # the compiler's verdict on this config, reported per entry
-        res.reasons.append(f"does not compile: {_first_line(e)}")
+    fn, acc, why = _compile_and_check(bound, config, check, entry.accuracy)
+    if acc is not None:
+        res.max_abs_err, res.bound = dict(acc.max_abs_err), dict(acc.bound)
+    if fn is None:
+        res.reasons.append(why)
         return res
-    try:
-        tol = Tolerance(atol=entry.accuracy.atol, factor=entry.accuracy.factor)
-        acc = check_accuracy(check, check.run(fn), tol)
-        torch.cuda.synchronize()
-    except TuneFailure as e:
-        res.reasons.append(f"wrong outputs: {e}")
-        return res
-    except Exception as e:  # Triton compiles at the first launch: its errors land here too
-        res.reasons.append(f"does not run: {_first_line(e)}")
-        return res
-    res.max_abs_err, res.bound = dict(acc.max_abs_err), dict(acc.bound)
-    if not acc.passed:
-        res.reasons.append(accuracy_reason(acc))
-        return res
+    fn_other = None if other is None else _checked_other(res, other, config, bound, check)
     fn_default = fn if res.same_as_default else bound.compile_config(default, allow_print=False)
     res.tuned_ms = bench_ms(lambda: problem.run(fn), device)
+    if res.same_as_other:
+        res.other_ms = res.tuned_ms
+    elif fn_other is not None:
+        res.other_ms = bench_ms(lambda: problem.run(fn_other), device)
     res.default_ms = res.tuned_ms if res.same_as_default else bench_ms(lambda: problem.run(fn_default), device)
     if tk.make_baseline is not None:
         # For the record only: a baseline that cannot run says nothing about the entry.
@@ -212,6 +272,25 @@ def verify_entry(entry: Entry, margins: Margins, seed: int | None) -> EntryResul
     res.reasons += timing_reasons(entry, res.tuned_ms, res.default_ms, res.same_as_default, margins)
     res.ok = not res.reasons
     return res
+
+
+def _checked_other(res: EntryResult, other: Entry, ours: Any, bound: Any, check: Any) -> Callable[..., Any] | None:
+    """The sibling entry's config, compiled and checked like ours: its function, or None (the
+    same config as ours: res.same_as_other; or why it cannot run: res.other_reasons)."""
+    import helion
+
+    try:
+        config = helion.Config.from_dict(other.config)
+    except Exception as e:  # a config of another version of the kernel, say
+        res.other_reasons.append(f"not a config of this kernel: {_first_line(e)}")
+        return None
+    if config == ours:
+        res.same_as_other = True
+        return None
+    fn, _, why = _compile_and_check(bound, config, check, other.accuracy)
+    if fn is None:
+        res.other_reasons.append(why)
+    return fn
 
 
 def _context_broken() -> str | None:
@@ -232,12 +311,17 @@ def verify_bundle(
     seed: int | None = None,
     kernels: list[str] | None = None,
     allow_arch_mismatch: bool = False,
+    against: tuple[str, Bundle] | None = None,
     progress: Callable[[int, int, Entry, EntryResult | None], None] | None = None,
 ) -> VerifyResult:
-    """Verify the entries (of `kernels`, or all) on this GPU; VerifyInputError if it cannot."""
+    """Verify the entries (of `kernels`, or all) on this GPU, each against the entry for its key in
+    the `against` bundle (path, bundle: a sibling SKU's, checked by the caller) if that holds
+    one; VerifyInputError if it cannot."""
     here = environment_check(bundle, allow_arch_mismatch)
     started = env.now()
     entries = [e for e in bundle.entries.values() if kernels is None or e.kernel in kernels]
+    others = {} if against is None else {k: e for k, e in against[1].entries.items()
+                                         if kernels is None or e.kernel in kernels}
     results: list[EntryResult] = []
     broken: str | None = None
     for i, entry in enumerate(entries, 1):
@@ -249,18 +333,21 @@ def verify_bundle(
         else:
             t0 = time.perf_counter()
             try:
-                r = verify_entry(entry, margins, seed)
+                r = verify_entry(entry, margins, seed, others.get(entry.key))
             except Exception as e:  # an unexpected error in one entry must not hide the others
                 r = EntryResult(entry.key, False, [f"error: {_first_line(e)}"], entry.timing.tuned_ms,
                                 entry.timing.default_ms)
             r.seconds = round(time.perf_counter() - t0, 2)
-            if not r.ok:
+            if not r.ok or r.other_reasons:
                 broken = _context_broken()
         results.append(r)
         if progress is not None:
             progress(i, len(entries), entry, r)
     for r in results:  # JSON has no inf/nan
         r.max_abs_err = {k: (v if math.isfinite(v) else 1e30) for k, v in r.max_abs_err.items()}
+    info = None if against is None else Against(
+        against[0], against[1].provenance.gpu, sorted(k for k in (e.key for e in entries) if k not in others),
+        sorted(k for k in others if k not in bundle.entries))
     return VerifyResult(gpu=here, versions=env.versions(), bundle_gpu=bundle.provenance.gpu,
                         bundle_versions=bundle.provenance.versions, margins=margins, started=started,
-                        results=results)
+                        results=results, against=info)
