@@ -6,8 +6,9 @@ A result file is the JSON that `mamba-tune bench --json-out FILE` writes (a head
 machine, and rows of ours against mamba-ssm in the same process), or a `mamba-tune verify
 --json-out` report, or a probe's rows (`what`, `command`, `rows` with `ours_ms`). Its name starts
 with the card it ran on (`h200-...json`), which must be the card its machine line names. The
-document has a summary per card (the rows the README quotes), the newest figure of every row run
-in the default lookup mode, and every file's rows. Torch-free: only JSON and text.
+document has a summary per card (the rows the README quotes), what tuning per SKU buys (the
+`verify --against` reports: review.sku_compare), the newest figure of every row run in the
+default lookup mode, and every file's rows. Torch-free: only JSON and text.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune_cli.presets import MODEL_PRESETS
+from autotune_cli.review import sku_compare
 from mamba_tune.sku import sku_of
 
 CARD_NAME = re.compile(r"([a-z0-9]+)-[A-Za-z0-9._-]+\.json")
@@ -62,6 +64,17 @@ class Row:
         return self.theirs / self.ours if self.theirs and self.ours > 0 else None
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A `verify BUNDLE --against OTHER` report: the bundle's entries timed against a sibling SKU's."""
+
+    bundle: str  # the verified bundle's name (its file's stem)
+    other: str  # the sibling SKU whose entries were timed beside
+    rows: list[dict[str, Any]]  # verify's rows (EntryResult.to_json) of the entries that ran
+    only_ours: int
+    only_other: int
+
+
 @dataclass
 class ResultFile:
     name: str
@@ -74,6 +87,7 @@ class ResultFile:
     config_mode: str = "nearest"
     complete: bool = True
     rows: list[Row] = field(default_factory=list)
+    comparison: Comparison | None = None
 
 
 def _number(v: Any, where: str) -> float:
@@ -126,10 +140,34 @@ def _verify_rows(data: dict[str, Any], where: str) -> list[Row]:
         at = f"{where}: entries[{i}]"
         if not isinstance(e, dict) or not isinstance(e.get("key"), str):
             raise ResultsError(f"{at}: an entry needs its 'key'")
+        if e.get("tuned_ms") is None:  # an entry that failed before it was timed: its reasons, no figure
+            continue
         theirs = e.get("baseline_ms")
         rows.append(Row(model, e["key"].split("|")[0] + " (verify)", _number(e.get("tuned_ms"), f"{at}.tuned_ms"),
                         None if theirs is None else _number(theirs, f"{at}.baseline_ms")))
     return rows
+
+
+def _comparison(data: dict[str, Any], where: str) -> Comparison | None:
+    """The `against` block of a verify report and its rows, checked (None: a plain verify report)."""
+    a = data.get("against")
+    if a is None:
+        return None
+    gpu = a.get("gpu") if isinstance(a, dict) else None
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("sku"), str) \
+            or not all(isinstance(a.get(k), list) for k in ("only_ours", "only_other")):
+        raise ResultsError(f"{where}: against: needs the sibling bundle's gpu.sku, only_ours and only_other")
+    rows = []
+    for i, e in enumerate(data["entries"]):
+        at = f"{where}: entries[{i}]"
+        if not isinstance(e.get("kernel"), str):
+            raise ResultsError(f"{at}: a row of a `verify --against` report needs its 'kernel'")
+        for k in ("vs_other", "vs_default", "vs_baseline"):
+            if e.get(k) is not None and not _number(e[k], f"{at}.{k}") > 0:
+                raise ResultsError(f"{at}.{k}: a speedup is positive, got {e[k]!r}")
+        rows.append(e)
+    return Comparison(Path(str(data.get("bundle", ""))).stem, gpu["sku"], rows, len(a["only_ours"]),
+                      len(a["only_other"]))
 
 
 def _probe_rows(data: dict[str, Any], where: str) -> list[Row]:
@@ -175,7 +213,7 @@ def load_file(path: Path) -> ResultFile:
     return ResultFile(name=path.name, card=card, kind=kind, time=time, machine=machine,
                       about=str(data.get("note") or data.get("what") or ""), command=str(data.get("command", "")),
                       config_mode=str(data.get("config_mode") or "nearest"), complete=data.get("complete", True) is not False,
-                      rows=rows)
+                      rows=rows, comparison=_comparison(data, where) if kind == "verify" else None)
 
 
 def load_results(folder: Path) -> list[ResultFile]:
@@ -263,6 +301,33 @@ def reproduce_commands(source: str, card: str = "h200") -> list[str]:
     ]
 
 
+def sku_tuning_section(files: list[ResultFile], source: str) -> list[str]:
+    """What tuning per SKU buys: a table per `verify --against` report, and how to measure it."""
+    out = ["## What tuning per SKU buys", "",
+           "`mamba-tune verify BUNDLE --against OTHER` on a card times, in one process, each entry of the",
+           "card's own bundle, the sibling SKU's entry for the same key (what the card runs when it",
+           "borrows the sibling's bundle: docs/bundles.md), the kernel's default config and mamba-ssm.",
+           "Speedups over them, geomeans over the entries (min and max for the sibling's): above 1.00x",
+           "the card's own entry is faster. `compared`: keys both bundles hold and both configs ran;",
+           "`same config`: of those, both SKUs' tuning chose one config; `sibling failed`: the",
+           "sibling's config did not compile or failed the numerics check on this card.", ""]
+    reports = [f for f in files if f.comparison is not None]
+    if not reports:
+        out += ["Not measured yet.", ""]
+    for f in reports:
+        c = f.comparison
+        assert c is not None
+        out += sku_compare.markdown(f.card, c.other, c.bundle, sku_compare.summarize(c.rows))
+        out += ["", f"{f.name} ({f.machine}): {c.only_ours} keys only in the {f.card.upper()} bundle, "
+                f"{c.only_other} only in the {c.other.upper()} one.", ""]
+    out += ["Measure on an H100, then regenerate:", "", "```bash"]
+    for spec in ("nemotron-nano", "mamba2-2.7b"):
+        out.append(f"mamba-tune verify generated_configs/h100/{spec}.json --against generated_configs/h200/{spec}.json \\")
+        out.append(f"    --json-out {source}/h100-verify-{spec}-vs-h200.json")
+    out += [f"mamba-tune results {source} -o docs/results.md", "```", ""]
+    return out
+
+
 def render(files: list[ResultFile], source: str) -> str:
     """The whole of docs/results.md."""
     cards = sorted({f.card for f in files})
@@ -291,8 +356,8 @@ def render(files: list[ResultFile], source: str) -> str:
     out += summary_tables(files)
     out += ["Reproduce on a card (name the files for it: `h100-...` on an H100), then regenerate:", ""]
     out += reproduce_commands(source)
+    out += [""] + sku_tuning_section(files, source)
     out += [
-        "",
         "## Newest figure of each row",
         "",
         "The newest measurement of each row among the runs in the default lookup mode (nearest), on",

@@ -71,22 +71,26 @@ def results() -> VerifyResult:
     c = EntryResult("gated_norm_bwd|rows=1|bf16", True, [], 0.1, 0.15, tuned_ms=0.30, default_ms=0.60,
                     baseline_ms=0.90, baseline="mamba-ssm", in_other=True,
                     other_reasons=["does not compile: CompileError: [bad] tile"])
+    failed = EntryResult("gated_norm_bwd|rows=2|bf16", False, ["does not compile: CompileError: x"], 0.1, 0.15,
+                         in_other=True)
     against = Against("h200/nano.json", fx.H200, only_ours=[], only_other=["gated_norm_fwd|rows=3|bf16"])
     return VerifyResult(gpu=fx.H100, versions=fx.VERSIONS, bundle_gpu=fx.H100, bundle_versions=fx.VERSIONS,
-                        margins=Margins(), started="2026-12-06T00:00:00+00:00", results=[a, b, c], against=against)
+                        margins=Margins(), started="2026-12-06T00:00:00+00:00", results=[a, b, c, failed],
+                        against=against)
 
 
 def test_the_json_rows_carry_both_sides_the_ratios_and_the_card() -> None:
     data = json.loads(json.dumps(results().to_json("h100/nano.json"), allow_nan=False))
     assert data["against"]["bundle"] == "h200/nano.json" and data["against"]["gpu"]["sku"] == "h200"
     assert data["against"]["only_other"] == ["gated_norm_fwd|rows=3|bf16"] and data["against"]["only_ours"] == []
-    a, b, c = data["entries"]
+    a, b, c, failed = data["entries"]
     assert a["kernel"] == "gated_norm_fwd" and a["card"] == "h100" and c["kernel"] == "gated_norm_bwd"
     assert (a["tuned_ms"], a["other_ms"], a["default_ms"], a["baseline_ms"]) == (0.10, 0.12, 0.15, 0.20)
     assert a["vs_other"] == pytest.approx(1.2) and a["vs_default"] == pytest.approx(1.5)
     assert a["vs_baseline"] == pytest.approx(2.0)
     assert b["same_as_other"] and b["vs_other"] == 1.0
     assert c["other_ms"] is None and c["vs_other"] is None and c["other_reasons"][0].startswith("does not compile")
+    assert failed["tuned_ms"] is None and failed["vs_other"] is None and failed["in_other"]
     # A verify run without --against keeps its JSON as before: no against block.
     plain = VerifyResult(**{**results().__dict__, "against": None}).to_json("h100/nano.json")
     assert "against" not in plain
@@ -98,8 +102,8 @@ def test_the_summary_per_kernel_and_overall() -> None:
     assert (fwd.kernel, fwd.entries, fwd.compared, fwd.same_config, fwd.other_failed) == ("gated_norm_fwd", 2, 2, 1, 0)
     assert fwd.vs_other == pytest.approx(math.sqrt(1.2)) and (fwd.vs_other_min, fwd.vs_other_max) == (1.0, 1.2)
     assert fwd.vs_default == pytest.approx(math.sqrt(1.5)) and fwd.vs_baseline == pytest.approx(2.0)
-    assert (bwd.compared, bwd.other_failed, bwd.vs_other, bwd.vs_default) == (0, 1, None, 2.0)
-    assert everything.kernel == "all" and everything.entries == 3 and everything.compared == 2
+    assert (bwd.entries, bwd.compared, bwd.other_failed, bwd.vs_other, bwd.vs_default) == (2, 0, 1, None, 2.0)
+    assert everything.kernel == "all" and everything.entries == 4 and everything.compared == 2
     assert everything.vs_default == pytest.approx(geomean([1.5, 1.0, 2.0]))
     assert everything.vs_baseline == pytest.approx(geomean([2.0, 3.0]))
     assert [s.kernel for s in summarize(rows[:2])] == ["gated_norm_fwd"]  # one kernel: no "all" row
@@ -107,7 +111,7 @@ def test_the_summary_per_kernel_and_overall() -> None:
     assert fx.assert_md_tables("\n".join(lines)) == 1
     assert lines[2] == ("| H100 | nano | h200 entries | gated_norm_fwd | 2 | 2 | 1 | 0 | 1.095x | 1.000x | 1.200x "
                         "| 1.225x | 2.000x |")
-    assert lines[3].startswith("| H100 | nano | h200 entries | **all** | **3** |")
+    assert lines[3].startswith("| H100 | nano | h200 entries | **all** | **4** |")
 
 
 def test_the_terminal_tables() -> None:
@@ -123,6 +127,54 @@ def test_the_terminal_tables() -> None:
     assert "sibling's entry: does not compile: CompileError: [bad] tile" in text  # plain text, not markup
     assert "h100/nano.json (h100) against h200/nano.json (h200)" in text
     assert "1.095x" in text and "all" in text
+
+
+# --- docs/results.md: `mamba-tune results` renders the reports ------------------------------
+
+
+def write_report(folder: Path, name: str = "h100-verify-nano-vs-h200.json", **change: object) -> Path:
+    data = results().to_json("generated_configs/h100/nano.json")
+    data.update(change)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    return folder / name
+
+
+def test_results_renders_a_table_per_against_report(tmp_path: Path) -> None:
+    from autotune_cli.benchmarks.results import load_results, render
+
+    write_report(tmp_path / "r")
+    text = render(load_results(tmp_path / "r"), "r")
+    section = text.split("## What tuning per SKU buys")[1].split("\n## ")[0]
+    assert fx.assert_md_tables(section) == 1
+    assert "| H100 | nano | h200 entries | gated_norm_fwd | 2 | 2 | 1 | 0 | 1.095x | 1.000x | 1.200x |" in section
+    assert "| H100 | nano | h200 entries | **all** | **4** | **2** |" in section
+    assert "h100-verify-nano-vs-h200.json (NVIDIA H100 80GB HBM3): 0 keys only in the H100 bundle, 1 only in " \
+           "the H200 one." in section
+    assert "Not measured yet" not in section
+    # The entry that failed before it was timed is in the summary's counts, not in the file's rows.
+    rows = text.split("### h100-verify-nano-vs-h200.json")[1]
+    assert rows.count("(verify) |") == 3
+    # The same command, regenerating a document, writes it.
+    doc = tmp_path / "results.md"
+    res = runner.invoke(app, ["results", str(tmp_path / "r"), "-o", str(doc)])
+    assert res.exit_code == 0, res.output
+    assert doc.read_text() == render(load_results(tmp_path / "r"), (tmp_path / "r").as_posix())
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"against": {"bundle": "x.json"}}, "against: needs the sibling bundle's gpu.sku, only_ours and only_other"),
+    ({"entries": [{"key": "gated_norm_fwd|rows=1|bf16", "tuned_ms": 0.1}]}, "entries[0]: a row of a `verify --against` "
+                                                                           "report needs its 'kernel'"),
+    ({"entries": [{"key": "k|a=1|bf16", "kernel": "k", "tuned_ms": 0.1, "vs_other": 0}]},
+     "entries[0].vs_other: a speedup is positive, got 0"),
+], ids=["against", "kernel", "ratio"])
+def test_a_bad_against_report_is_one_line_exit_2(tmp_path: Path, change: dict, message: str) -> None:
+    path = write_report(tmp_path / "r", **change)
+    doc = tmp_path / "results.md"
+    res = runner.invoke(app, ["results", str(tmp_path / "r"), "-o", str(doc)])
+    assert res.exit_code == 2 and f"{path}: {message}" in " ".join(res.output.split()), res.output
+    assert len(res.output.strip().splitlines()) == 1 and not doc.exists()
 
 
 # --- on the GPU -------------------------------------------------------------------------
