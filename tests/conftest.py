@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xdist_schedule import pytest_collection_modifyitems  # noqa: F401  (a hook: registered by its name)
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
