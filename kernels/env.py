@@ -111,8 +111,8 @@ _OWN = (
 REMOVED = {
     "MAMBA_TUNE_SSD_DBDC_SIDES": "dC and dB always run in programs of their own (faster at every shape measured)",
     "MAMBA_TUNE_SSD_DBDC_SPLITS": "the dB/dC kernel's head runs follow their rule (experiments patch head_splits)",
-    "MAMBA_TUNE_CONV1D_BWD": "the conv1d backward is the two kernels; the one-kernel slide form (wrong when "
-                             "compiled) is experiments/conv1d_bwd_slide/",
+    "MAMBA_TUNE_CONV1D_BWD": "the conv1d backward is the slide kernel for channel-last calls and the two "
+                             "kernels for the rest (mamba_tune.conv1d.bwd_slide.fits)",
     "MAMBA_TUNE_SSD_DBDC_SUM": "torch adds the dB/dC head runs; the one-kernel fold (not promoted) is "
                                "experiments/dbdc_runs_sum/",
 }

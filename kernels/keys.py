@@ -353,14 +353,28 @@ _CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx"
 
 CAUSAL_CONV1D_FWD = KernelKey("causal_conv1d_fwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, conv1d_fwd_dims,
                               "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel")
-# The backward's two kernels: dpre with dweight and dbias (it reads what the forward reads),
-# then dx from dpre (the final states' gradient in, the initial states' out).
-CAUSAL_CONV1D_BWD = KernelKey("causal_conv1d_bwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS,
-                              _conv1d_bwd_dims(_CONV1D_FWD_DIMS), "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel")
+# The backward of channel-last calls (the Mamba-2 layer's xBC): one kernel stepping rows
+# (bwd_slide.py). Its dims are the forward's plus which state gradients flow.
+_CONV1D_BWD_SLIDE_DIMS = (*_CONV1D_FWD_DIMS, "has_dinitial_states", "has_dfinal")
+CAUSAL_CONV1D_BWD_SLIDE = KernelKey("causal_conv1d_bwd_slide", "conv1d", _CONV1D_BWD_SLIDE_DIMS, CONV1D_SIZE_DIMS,
+                                    _conv1d_bwd_dims(_CONV1D_BWD_SLIDE_DIMS),
+                                    "mamba_tune.conv1d.bwd_slide:causal_conv1d_bwd_slide_kernel")
+
+
+def _not_at_layers(shape: ModelShape) -> None:
+    """The two-kernel backward serves calls whose rows are not channel-last; no model layer makes
+    one (its xBC is channel-last), so no spec plans it."""
+    return None
+
+
+# The backward of every other call, two kernels: dpre with dweight and dbias (it reads what the
+# forward reads), then dx from dpre (the final states' gradient in, the initial states' out).
+CAUSAL_CONV1D_BWD = KernelKey("causal_conv1d_bwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, _not_at_layers,
+                              "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel")
 _CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                        "channel_last")
 CAUSAL_CONV1D_BWD_DX = KernelKey("causal_conv1d_bwd_dx", "conv1d", _CONV1D_BWD_DX_DIMS, CONV1D_SIZE_DIMS,
-                                 _conv1d_bwd_dims(_CONV1D_BWD_DX_DIMS), "mamba_tune.conv1d.bwd:causal_conv1d_bwd_dx_kernel")
+                                 _not_at_layers, "mamba_tune.conv1d.bwd:causal_conv1d_bwd_dx_kernel")
 CAUSAL_CONV1D_UPDATE = KernelKey(
     "causal_conv1d_update", "conv1d",
     ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens", "has_state_indices"),

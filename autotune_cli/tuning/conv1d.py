@@ -7,11 +7,12 @@ position per row with a (batch, dim, d_conv) state (`conv1d_update_dims`). The b
 package where it is importable (a CUDA extension many installs lack), else eager torch
 (`F.conv1d`, and autograd through it for the backward); the baseline's name says which.
 
-The backward is two kernels: `causal_conv1d_bwd` (dpre = dout * silu'(pre), fp32, with
-dweight and dbias) and `causal_conv1d_bwd_dx` (dx and dinitial_states from dpre). The
-first one's baseline is the package's whole backward (dx included: the sum of both
-kernels' times is what compares with it); the second has none (no library runs that
-stencil alone).
+The layer's backward (channel-last) is one kernel, `causal_conv1d_bwd_slide`, whose baseline
+is the package's whole backward. Other layouts run two kernels: `causal_conv1d_bwd` (dpre =
+dout * silu'(pre), fp32, with dweight and dbias) and `causal_conv1d_bwd_dx` (dx and
+dinitial_states from dpre). The first one's baseline is the package's whole backward (dx
+included: the sum of both kernels' times is what compares with it); the second has none (no
+library runs that stencil alone). No model layer plans the two (`tune` still takes them).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
-from mamba_tune.conv1d import bwd, common, fwd, update
+from mamba_tune.conv1d import bwd, bwd_slide, common, fwd, update
 
 
 class ConvInputs:
@@ -152,6 +153,33 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
         # x and dout read, dpre (fp32) written.
         bytes_moved=_bytes(inp, 2) + 4 * n,
         flops=(4 * inp.width + (6 if inp.silu else 0)) * n,
+    )
+
+
+def _make_bwd_slide_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    inp = ConvInputs(dims, dtype, device, seed)
+    dx = common.like(inp.x)
+    dinit = common.dinit_buffer(inp.initial_states) if inp.want_dinit else None
+    args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit,
+            inp.width, inp.silu)
+
+    def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        got = {"dx": res[0].float(), "dweight": res[1].t().float()}
+        if inp.bias is not None:
+            got["dbias"] = res[2].float()
+        if dinit is not None:
+            got["dinitial_states"] = dinit[:, :, :inp.width - 1].float()
+        return got
+
+    n = inp.x.numel()
+    return Problem(
+        args=args,
+        reference=lambda: inp.grads(upcast=True),
+        lowp_reference=lambda: inp.grads(upcast=False),
+        outputs=outputs,
+        # x and dout read, dx written.
+        bytes_moved=_bytes(inp, 3),
+        flops=(6 * inp.width + (6 if inp.silu else 0)) * n,
     )
 
 
@@ -367,6 +395,11 @@ def _bwd_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
                       in zip(tiles, (1024, 2048, 512, 1024, 2048), strict=True)])
 
 
+def _bwd_slide_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
+    return _unique([bwd_slide.CAUSAL_CONV1D_BWD_SLIDE.default_config(dims)]
+                   + [bwd_slide.slide_config(dims, *seed) for seed in bwd_slide.SEEDS])
+
+
 def _bwd_dx_seeds(dims: dict[str, int]) -> list[dict[str, Any]]:
     # A stencil like the forward: the forward's tiles.
     return _unique([bwd.CAUSAL_CONV1D_BWD_DX.default_config(dims)]
@@ -384,6 +417,15 @@ CAUSAL_CONV1D_FWD = TunableKernel(
     make_baseline=_baseline_fwd,
     seed_configs=_fwd_seeds,
     description="causal depthwise conv1d forward (causal-conv1d causal_conv1d_fwd)",
+)
+
+CAUSAL_CONV1D_BWD_SLIDE = TunableKernel(
+    runtime=bwd_slide.CAUSAL_CONV1D_BWD_SLIDE,
+    make_problem=_make_bwd_slide_problem,
+    make_baseline=_baseline_bwd,
+    seed_configs=_bwd_slide_seeds,
+    description="causal depthwise conv1d backward of channel-last calls in one kernel: dx, dweight, dbias, "
+                "dinitial_states (causal-conv1d causal_conv1d_bwd)",
 )
 
 CAUSAL_CONV1D_BWD = TunableKernel(
@@ -411,4 +453,5 @@ CAUSAL_CONV1D_UPDATE = TunableKernel(
     description="causal conv1d decode step, conv_state updated in place (causal-conv1d causal_conv1d_update)",
 )
 
-KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX, CAUSAL_CONV1D_UPDATE)
+KERNELS = (CAUSAL_CONV1D_FWD, CAUSAL_CONV1D_BWD_SLIDE, CAUSAL_CONV1D_BWD, CAUSAL_CONV1D_BWD_DX,
+           CAUSAL_CONV1D_UPDATE)

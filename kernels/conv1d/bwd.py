@@ -1,15 +1,16 @@
 """Causal depthwise conv1d backward (causal-conv1d's `causal_conv1d_bwd_function`) in Helion.
 
-Two kernels. The first (`causal_conv1d_bwd`) recomputes the forward's `pre` once per position
-from its width taps (shifted, masked loads of x: L1/L2 hits) and writes dpre = dout * silu'(pre)
-(dout without SiLU; 0 at padding) to an fp32 buffer in x's layout; dweight and dbias come out as
-one fp32 partial per (batch row, chunk of positions) - a program walks its chunk in steps, adding
-into [channels, step] sums that it reduces once at the end - which the kernel's host code sums in
-a fixed order (no atomics: the same bits on every run). The second (`causal_conv1d_bwd_dx`) is a
-stencil over dpre: dx[t] = sum_j weight[width - 1 - j] * dpre[t + j] over the t + j of t's
-sequence, plus the final states' gradient; with dinitial_states its positions start width - 1
-before the sequence, and those positions' "dx" is dinitial_states. Shapes and layouts as in
-fwd.py.
+`conv1d_backward` runs channel-last calls (the Mamba-2 layer's xBC) on the one slide kernel
+(bwd_slide.py) and every other call on two kernels. The first (`causal_conv1d_bwd`) recomputes the
+forward's `pre` once per position from its width taps (shifted, masked loads of x: L1/L2 hits) and
+writes dpre = dout * silu'(pre) (dout without SiLU; 0 at padding) to an fp32 buffer in x's layout;
+dweight and dbias come out as one fp32 partial per (batch row, chunk of positions) - a program walks
+its chunk in steps, adding into [channels, step] sums that it reduces once at the end - which the
+kernel's host code sums in a fixed order (no atomics: the same bits on every run). The second
+(`causal_conv1d_bwd_dx`) is a stencil over dpre: dx[t] = sum_j weight[width - 1 - j] * dpre[t + j]
+over the t + j of t's sequence, plus the final states' gradient; with dinitial_states its positions
+start width - 1 before the sequence, and those positions' "dx" is dinitial_states. Shapes and
+layouts as in fwd.py.
 
 Order: Helion kernels -> host launcher (`conv1d_backward`, what the fused layer calls) ->
 runtime declarations (their tuning records: `autotune_cli/tuning/conv1d.py`).
@@ -25,6 +26,7 @@ import helion.language as hl
 import torch
 
 from mamba_tune import keys, runtime
+from mamba_tune.conv1d import bwd_slide
 from mamba_tune.conv1d.common import (
     channel_last,
     check_device,
@@ -199,12 +201,14 @@ def conv1d_backward(
 
     Same shapes and layouts as `conv1d_forward`; dout like x; dfinal_states (batch, dim,
     width - 1) or None. dx, when given (batch, dim, seqlen) in x's dtype, is written in place
-    (the fused layer hands in a slice of its own gradient buffer; it may be dout's memory:
-    the second kernel reads only dpre). The pre-activation is recomputed for SiLU's
-    derivative. Two kernels: `causal_conv1d_bwd` writes dpre (an fp32 buffer in x's layout,
-    batch * dim * seqlen * 4 bytes while the call runs) with dweight and dbias,
-    `causal_conv1d_bwd_dx` reads it for dx and dinitial_states. Returns (dx, dweight like weight, dbias like bias or
-    None, dinitial_states like initial_states when return_dinitial_states, else None).
+    (the fused layer hands in a slice of its own gradient buffer; it may be dout's memory).
+    The pre-activation is recomputed for SiLU's derivative. Channel-last x, dout and dx (dx not
+    in dout's storage) run the slide kernel (`bwd_slide.fits`); the rest run two kernels:
+    `causal_conv1d_bwd` writes dpre (an fp32 buffer in x's layout, batch * dim * seqlen * 4 bytes
+    while the call runs) with dweight and dbias, `causal_conv1d_bwd_dx` reads it for dx and
+    dinitial_states (it reads only dpre, so dx may be dout's memory). Returns (dx, dweight like
+    weight, dbias like bias or None, dinitial_states like initial_states when
+    return_dinitial_states, else None).
 
     The two kernels won over one without the dpre buffer (dpre recomputed at each of dx's
     width taps): on the H200 at Nemotron-3 Nano TP1 (bf16) the one took 0.563 ms, the two 0.487 ms.
@@ -229,10 +233,23 @@ def conv1d_backward(
     check_device(x.device, dout=dout, dfinal_states=dfinal_states, dx=dx)
     x = strided(x)
     dout = strided(dout)
+    slide = bwd_slide.fits(x, dout, dx)
     if dx is None:
         dx = like(x)
     dinit = dinit_buffer(initial_states) if return_dinitial_states else None
     seq_idx = None if seq_idx is None else seq_idx.contiguous()
+    run = bwd_slide.slide_backward if slide else two_kernel_backward
+    dx, dw, db = run(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dinit, width, silu)
+    return (dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype),
+            None if dinit is None else dinit[:, :, :width - 1])
+
+
+def two_kernel_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dout: torch.Tensor,
+                        seq_idx: torch.Tensor | None, initial_states: torch.Tensor | None,
+                        dfinal_states: torch.Tensor | None, dx: torch.Tensor, dinit: torch.Tensor | None,
+                        width: int, silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight (width, dim) fp32, dbias fp32) into dx (and dinit) by the two kernels, as
+    `bwd_slide.slide_backward` (inputs checked by `conv1d_backward`)."""
     # dpre = dout * silu'(pre), fp32 in x's layout: written by the first kernel (with
     # dweight and dbias), read by the second (dx); freed on return.
     dpre = like(x, torch.float32)
@@ -240,9 +257,7 @@ def conv1d_backward(
                                                     bool(silu)))
     runtime.run(CAUSAL_CONV1D_BWD_DX, (dpre, weight, seq_idx, dfinal_states, dx, dinit, int(width)))
     del dpre, _dpre
-    dweight = dw.t().to(weight.dtype)
-    dbias = None if bias is None else db.to(bias.dtype)
-    return dx, dweight, dbias, None if dinit is None else dinit[:, :, :width - 1]
+    return dx, dw, db
 
 
 # --- runtime declarations ---------------------------------------------------------------

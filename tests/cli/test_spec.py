@@ -81,8 +81,9 @@ def test_packed_sequences_add_seq_idx_combos_only_where_a_kernel_depends_on_it()
     assert all(c.dims.get("has_seq_idx", 0) == 0 for c in plain)
     new = {c.key for c in packed} - {c.key for c in plain}
     # `kernels: all` is the default path's: not F2 alone nor the parallel scan (the forward runs them
-    # fused; the split walk's F2 call has no seq_idx), nor the untimed one-kernel conv1d backward.
-    with_seq_idx = {"causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_bwd_dx", "ssd_chunk_state_passing",
+    # fused; the split walk's F2 call has no seq_idx), nor the conv1d backward's two kernels (the layer's
+    # channel-last calls run the slide kernel).
+    with_seq_idx = {"causal_conv1d_fwd", "causal_conv1d_bwd_slide", "ssd_chunk_state_passing",
                     "ssd_chunk_scan", "ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
                     "ssd_chunk_state_scan_bwd_dbdc"}
     assert {c.kernel for c in packed if c.key in new} == with_seq_idx

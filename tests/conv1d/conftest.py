@@ -19,14 +19,14 @@ import pytest
 from helion.runtime.ref_mode import RefMode
 
 from mamba_tune import runtime
-from mamba_tune.conv1d import bwd, fwd, update
+from mamba_tune.conv1d import bwd, bwd_slide, fwd, update
 
 SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
 
 
 def _conv_kernels() -> list[Any]:
     return [fwd.causal_conv1d_fwd_kernel, bwd.causal_conv1d_bwd_kernel,
-            bwd.causal_conv1d_bwd_dx_kernel,
+            bwd.causal_conv1d_bwd_dx_kernel, bwd_slide.causal_conv1d_bwd_slide_kernel,
             update.causal_conv1d_update_kernel]
 
 

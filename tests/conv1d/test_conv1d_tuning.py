@@ -18,13 +18,20 @@ SHAPE = ModelShape(batch=2, seqlen=50, nheads=2, headdim=8, ngroups=1, dstate=8,
 
 def _cases() -> list[tuple[str, str, dict[str, int]]]:
     fwd = get("causal_conv1d_fwd").dims_for(SHAPE)
-    bwd = get("causal_conv1d_bwd").dims_for(SHAPE)
-    bwd_dx = get("causal_conv1d_bwd_dx").dims_for(SHAPE)
+    slide = get("causal_conv1d_bwd_slide").dims_for(SHAPE)
+    # The two kernels are planned at no layer (its calls are channel-last): their dims from slide's.
+    assert get("causal_conv1d_bwd").dims_for(SHAPE) is None and get("causal_conv1d_bwd_dx").dims_for(SHAPE) is None
+    bwd = {k: slide[k] for k in get("causal_conv1d_bwd").dims}
+    bwd_dx = {k: slide[k] for k in get("causal_conv1d_bwd_dx").dims}
     upd = get("causal_conv1d_update").dims_for(SHAPE)
     states = {"has_seq_idx": 0, "has_initial_states": 1}
     return [
         ("fwd-mixer", "causal_conv1d_fwd", fwd),
         ("fwd-contiguous-states", "causal_conv1d_fwd", {**fwd, **states, "channel_last": 0, "width": 3}),
+        ("slide-mixer", "causal_conv1d_bwd_slide", slide),
+        ("slide-states", "causal_conv1d_bwd_slide", {**slide, "has_seq_idx": 0, "has_initial_states": 1,
+                                                     "has_dinitial_states": 1, "has_dfinal": 1}),
+        ("slide-nosilu-w2", "causal_conv1d_bwd_slide", {**slide, "silu": 0, "width": 2, "has_bias": 0}),
         ("bwd-mixer", "causal_conv1d_bwd", bwd),
         ("bwd-states", "causal_conv1d_bwd", {**bwd, **states}),
         ("bwd-contiguous-nosilu", "causal_conv1d_bwd", {**bwd, "channel_last": 0, "silu": 0, "width": 2}),

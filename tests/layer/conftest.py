@@ -15,7 +15,7 @@ from helion.runtime.ref_mode import RefMode
 
 from autotune_cli.tuning import all_kernels
 from mamba_tune import runtime
-from mamba_tune.conv1d import bwd, fwd
+from mamba_tune.conv1d import bwd, bwd_slide, fwd
 
 
 def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
@@ -33,7 +33,7 @@ def layer_ref_mode(request: pytest.FixtureRequest) -> Iterator[None]:
         raise ValueError(f"layer_ref_mode: blocks must be 'min' or 'max', got {blocks!r}")
     # The conv1d kernels by name too: the layer calls them whether or not they have tuning records.
     rks = [*all_kernels().values(), fwd.CAUSAL_CONV1D_FWD, bwd.CAUSAL_CONV1D_BWD,
-           bwd.CAUSAL_CONV1D_BWD_DX]
+           bwd.CAUSAL_CONV1D_BWD_DX, bwd_slide.CAUSAL_CONV1D_BWD_SLIDE]
     kernels = list({id(rk.kernel): rk.kernel for rk in rks}.values())
     saved = [k.settings.ref_mode for k in kernels]
     saved_block_ref = hl.register_block_size._ref_fn

@@ -90,7 +90,7 @@ def test_the_module_has_the_presets_dims(module_bench, name, tp):
 
 # d_model 24 with 4 heads of 8: expand 4/3, as Nemotron-3 Nano's 4096 / 2688 is not an integer.
 TINY = ModelDims(d_model=24, nheads=4, headdim=8, ngroups=2, dstate=16, chunk_size=16)
-FUSED = {"causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_bwd_dx"}
+FUSED = {"causal_conv1d_fwd", "causal_conv1d_bwd_slide"}
 SSD_NORM = {"ssd_chunk_cumsum", "ssd_chunk_state_passing", "ssd_bmm", "ssd_chunk_scan", "gated_norm_fwd",
             "ssd_chunk_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc",
             "ssd_chunk_cumsum_bwd", "gated_norm_bwd"}

@@ -332,7 +332,7 @@ def test_one_training_step_runs_each_backward_kernel_once_and_recomputes_what_wa
     forward = ["causal_conv1d_fwd", "ssd_chunk_cumsum", "ssd_chunk_state_passing", "ssd_bmm", "ssd_chunk_scan"]
     # B2 + B3 at the layer's 4 heads: F2's kernel then the elementwise walk (combined.split_state_passing_bwd).
     assert combined.split_state_passing_bwd(2, 4, 16)
-    backward = ["causal_conv1d_bwd", "causal_conv1d_bwd_dx", "ssd_chunk_state", "ssd_state_passing_bwd",
+    backward = ["causal_conv1d_bwd_slide", "ssd_chunk_state", "ssd_state_passing_bwd",
                 "ssd_chunk_scan_chunk_state_bwd_dx", "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd"]
     if "rmsnorm" not in options:
         forward.append("gated_norm_fwd")

@@ -33,7 +33,7 @@ BAD = [
     ("MAMBA_TUNE_SSD_DBDC", "three", "MAMBA_TUNE_SSD_DBDC='three'; expected one or two"),
     ("MAMBA_TUNE_SSD_DBDC_SUM", "kernel", "MAMBA_TUNE_SSD_DBDC_SUM: removed; torch adds the dB/dC head runs; the "
                                           "one-kernel fold (not promoted) is experiments/dbdc_runs_sum/"),
-    ("MAMBA_TUNE_CONV1D_BWD", "slide", "MAMBA_TUNE_CONV1D_BWD: removed; the conv1d backward is the two kernels"),
+    ("MAMBA_TUNE_CONV1D_BWD", "slide", "MAMBA_TUNE_CONV1D_BWD: removed; the conv1d backward is the slide kernel for channel-last calls"),
     ("MAMBA_TUNE_SSD_DBDC_SIDES", "1", "MAMBA_TUNE_SSD_DBDC_SIDES: removed; dC and dB always run"),
     ("MAMBA_TUNE_SSD_DBDC_SPLITS", "4", "MAMBA_TUNE_SSD_DBDC_SPLITS: removed;"),
     ("MAMBA_TUNE_CONFIG", "/tmp", "MAMBA_TUNE_CONFIG: no such mamba-tune variable (did you mean MAMBA_TUNE_CONFIGS?)"),

@@ -1,17 +1,24 @@
-"""The conv1d backward in one kernel stepping one row of channels at a time: a candidate, fast but
-wrong when compiled on an H100 until its kept rows were carried through the step loop (fixed, not yet
-rerun on a GPU; experiments/README.md has the figures).
+"""The conv1d backward of channel-last calls in one kernel stepping one row of channels at a time.
 
-`causal_conv1d_bwd_slide_kernel` is the backward (dx, dweight, dbias, dinitial_states) without the
-two kernels' fp32 dpre buffer: each program steps through its chunk of positions one row of
+`causal_conv1d_bwd_slide_kernel` gives dx, dweight, dbias and dinitial_states without the two
+kernels' fp32 dpre buffer (bwd.py): each program steps through its chunk of positions one row of
 channels at a time, keeping the last width - 1 rows of x and of dpre in registers, so each
-position's pre-activation and dpre are computed once. It moves about 0.6 GB at Nemotron-3 Nano TP1
-against the two kernels' 1.4 GB (x and dout read, dx written, against that plus dpre's fp32 round
-trip). Rows must be unit-stride (channel-last x, dout and dx), and dx may not share dout's memory
-(programs read dout past their own positions). `conv1d_backward_slide` runs it as
-`mamba_tune.conv1d.conv1d_backward` runs the two kernels (its tests and `time_slide.py` compare
-them); nothing in `mamba_tune` imports this file. Once its compiled dx is seen right and it still
-wins on a GPU, it moves into the conv1d family as the channel-last default.
+position's pre-activation and dpre are computed once. At Nemotron-3 Nano TP1 it moves about
+0.6 GB (x and dout read, dx written) against the two kernels' 1.4 GB (that plus dpre's fp32
+round trip). Rows must be unit-stride (channel-last x, dout and dx, as the Mamba-2 layer passes
+xBC), and dx may not share dout's memory (programs read dout past their own positions):
+`conv1d_backward` (bwd.py) runs it for every such call and the two kernels for the rest.
+
+Why it is the channel-last path: on an H100 80GB (bf16, batch 2, seqlen 8192, bias, SiLU, width 4,
+`do_bench` medians, one process) it took 0.348 ms at Nemotron-3 Nano TP1 (dim 6144) against the two
+kernels' 0.591 ms (1.70x), and 0.328 ms at Zamba2-2.7B (dim 5248) against 0.530 ms (1.62x), with
+dx equal to theirs and dweight within one bf16 rounding, on its default config below (the best of
+seven timed there). Every kept row starts as a value of its own: Triton's front end carries a
+variable through a loop only where one pass over the body changes it, and rows that all started
+as one shared zero were dropped (`autotune_cli.lowering.dropped_loop_carries` checks it).
+
+Order: Helion kernel -> host launcher -> runtime declaration (its tuning record:
+`autotune_cli/tuning/conv1d.py`).
 """
 
 from __future__ import annotations
@@ -173,12 +180,29 @@ def causal_conv1d_bwd_slide_kernel(
     return dx, dw, db
 
 
-# Its key: what the two kernels read and write together. Not planned at any layer shape
-# (dims_for None): the runtime's default path does not run it.
-KEY = keys.KernelKey("causal_conv1d_bwd_slide", "conv1d",
-                     (*keys.CAUSAL_CONV1D_FWD.dims, "has_dinitial_states", "has_dfinal"), keys.CONV1D_SIZE_DIMS,
-                     lambda shape: None, f"{__name__}:causal_conv1d_bwd_slide_kernel")
+# --- host launcher ---------------------------------------------------------------------
 
+def fits(x: torch.Tensor, dout: torch.Tensor, dx: torch.Tensor | None) -> bool:
+    """Whether the slide kernel can run this call: x, dout (and dx when given) channel-last, and
+    dx not in dout's storage (a host-side check of strides and pointers: no sync)."""
+    if not (common.channel_last(x) and common.channel_last(dout)):
+        return False
+    if dx is None:
+        return True
+    return bool(common.channel_last(dx)) and dx.untyped_storage().data_ptr() != dout.untyped_storage().data_ptr()
+
+
+def slide_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dout: torch.Tensor,
+                   seq_idx: torch.Tensor | None, initial_states: torch.Tensor | None,
+                   dfinal_states: torch.Tensor | None, dx: torch.Tensor, dinit: torch.Tensor | None, width: int,
+                   silu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight (width, dim) fp32, dbias fp32) into dx (and dinit); inputs checked by
+    `conv1d_backward`, which calls this where `fits`."""
+    return runtime.run(CAUSAL_CONV1D_BWD_SLIDE, (x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                                                 dinit, int(width), bool(silu)))
+
+
+# --- runtime declaration ----------------------------------------------------------------
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _w, bias, _dout, seq_idx, initial_states, dfinal, _dx, dinit, width, silu = args
@@ -189,10 +213,6 @@ def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
             "has_dfinal": int(dfinal is not None)}
 
 
-def _pow2_at_most(n: int, cap: int) -> int:
-    return min(cap, max(1, 1 << (max(int(n), 1) - 1).bit_length()))
-
-
 # One program per (row, chunk of positions, block of channels). Its loop steps one row at a time,
 # so what keeps loads in flight is a wide row per warp and the loop's software pipeline
 # (range_num_stages of the step loop, the second of the kernel's two loops) or its unrolling.
@@ -200,43 +220,27 @@ def slide_config(dims: dict[str, int], bd: int, chunk: int, num_warps: int = 4, 
                  unroll: int = 0) -> dict[str, Any]:
     """A config: `chunk` positions per program, `bd` channels a row, the step loop pipelined
     `stages` deep and unrolled `unroll` times (0: the compiler's choice)."""
-    return {"block_sizes": [_pow2_at_most(dims["seqlen"], chunk), _pow2_at_most(dims["dim"], bd)],
+    return {"block_sizes": [common.pow2_at_most(dims["seqlen"], chunk), common.pow2_at_most(dims["dim"], bd)],
             "num_warps": num_warps, "num_stages": 1, "range_num_stages": [0, stages],
             "range_unroll_factors": [0, unroll]}
 
 
 def default_config(dims: dict[str, int]) -> dict[str, Any]:
-    # 256 positions (3 % more steps for the halo at width 4), 256 channels (512 B of bf16 a row).
-    return slide_config(dims, 256, 256)
+    # 128 positions (5 % more steps for the halo at width 4), 256 channels (512 B of bf16 a row), the
+    # step loop 4 deep: the fastest of seven configs on an H100 at Nano TP1 and Zamba2 (0.348 and
+    # 0.328 ms; 256 positions 3 deep, the next, 0.400 and 0.381 ms).
+    return slide_config(dims, 256, 128, 4, 4)
 
 
-# Other configs worth timing: 128-512 channels (256 B-1 KB of bf16), 128-1024 positions per program
-# (the halo's 2 (width - 1) extra steps against the programs' count), the step loop pipelined 2-4
-# deep or unrolled (loads in flight).
-CANDIDATES = ((512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (256, 256, 4, 2, 2),
-              (256, 128, 4, 4, 0), (512, 1024, 8, 2, 4))
+# Configs a search starts from besides the default: 128-512 channels, 128-1024 positions per
+# program (the halo's 2 (width - 1) extra steps against the programs' count), the step loop
+# pipelined 2-4 deep or unrolled (loads in flight). (channels, positions, warps, stages, unroll)
+SEEDS = ((256, 256, 4, 3, 0), (512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0), (256, 256, 4, 2, 2),
+         (512, 1024, 8, 2, 4), (256, 64, 4, 4, 0), (128, 128, 4, 4, 0))
 
-SLIDE = runtime.RuntimeKernel(
-    key=KEY,
+CAUSAL_CONV1D_BWD_SLIDE = runtime.RuntimeKernel(
+    key=keys.CAUSAL_CONV1D_BWD_SLIDE,
     kernel=causal_conv1d_bwd_slide_kernel,
     dims_from_args=_dims_from_args,
     default_config=default_config,
 )
-
-
-def conv1d_backward_slide(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dout: torch.Tensor,
-                          seq_idx: torch.Tensor | None, initial_states: torch.Tensor | None,
-                          dfinal_states: torch.Tensor | None, return_dinitial_states: bool, silu: bool,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """`mamba_tune.conv1d.conv1d_backward`'s result (dx, dweight, dbias, dinitial_states) from the
-    slide kernel; x and dout channel-last (x.stride(1) == 1), dx a fresh buffer."""
-    if not (common.channel_last(x) and common.channel_last(dout)):
-        raise ValueError(f"slide: x and dout must be channel-last, got strides {x.stride()} and {dout.stride()}")
-    width = weight.shape[1]
-    dx = common.like(x)
-    dinit = common.dinit_buffer(initial_states) if return_dinitial_states else None
-    seq_idx = None if seq_idx is None else seq_idx.contiguous()
-    dx, dw, db = runtime.run(SLIDE, (x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dinit,
-                                     int(width), bool(silu)))
-    return (dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype),
-            None if dinit is None else dinit[:, :, :width - 1])

@@ -1,6 +1,8 @@
-"""The slide conv1d backward (slide.py) against the runtime's two kernels: in Helion ref mode on the
-CPU at every option, width 2-4 and odd sizes (small blocks: several chunks and channel blocks, a
-partial last one); compiled on a GPU (`pytest -m gpu`); the timing script without a GPU exits 2.
+"""The conv1d backward's slide kernel (bwd_slide.py, channel-last calls) against its two kernels
+(bwd.py, every other call): in Helion ref mode on the CPU at every option, width 2-4 and odd sizes
+(small blocks: several chunks and channel blocks, a partial last one); compiled on a GPU
+(`pytest -m gpu`); its compiled loop's carries and its sm_90 compile on the CPU; which calls
+`conv1d_backward` sends to which.
 
 The slide kernel does the two kernels' fp32 operations in their order, so without SiLU dx is theirs
 bit for bit; with SiLU, ref mode's torch.sigmoid rounds one position's row (here) and a tile of
@@ -10,38 +12,18 @@ their positions' partial sums otherwise.
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import helion.language as hl
 import pytest
-import slide
 import torch
 
-from mamba_tune.conv1d import conv1d_backward
+from mamba_tune.conv1d import bwd, bwd_slide, common, conv1d_backward
 
 HERE = Path(__file__).resolve().parent
-SMALL_BLOCKS = (8, 3)  # (positions per program, channels per row) for slide; (chunk, step) for the two
-
-
-@pytest.fixture
-def small_blocks() -> Iterator[None]:
-    """Ref mode's register_block_size answers 8, then 3, in turn (at most the range)."""
-    calls = itertools.count()
-
-    def small(min_or_max: int, max_or_none: int | None = None, /) -> int:
-        lo, hi = (1, min_or_max) if max_or_none is None else (min_or_max, max_or_none)
-        return max(lo, min(SMALL_BLOCKS[next(calls) % 2], hi))
-
-    saved = hl.register_block_size._ref_fn
-    hl.register_block_size._ref_fn = small
-    try:
-        yield
-    finally:
-        hl.register_block_size._ref_fn = saved
+ROOT = HERE.parents[1]
+SLIDE = bwd_slide.CAUSAL_CONV1D_BWD_SLIDE
 
 
 # (bias, seq_idx, initial_states, final_states, silu)
@@ -79,14 +61,21 @@ def _case(width: int, option: str, shape: tuple[int, int, int], device: str = "c
 
 
 def _both(c: dict) -> tuple[tuple, tuple]:
-    two = conv1d_backward(c["x"], c["weight"], c["bias"], c["dout"], c["seq_idx"], c["initial_states"],
-                          c["dfinal_states"], None, c["return_dinitial_states"], c["silu"])
-    one = slide.conv1d_backward_slide(c["x"], c["weight"], c["bias"], c["dout"], c["seq_idx"], c["initial_states"],
-                                      c["dfinal_states"], c["return_dinitial_states"], c["silu"])
+    """(slide's, the two kernels') (dx, dweight, dbias, dinitial_states): conv1d_backward sends
+    these channel-last calls to the slide kernel; the two kernels are called directly."""
+    x, weight, bias, width = c["x"], c["weight"], c["bias"], c["weight"].shape[1]
+    assert bwd_slide.fits(x, c["dout"], None)
+    one = conv1d_backward(x, weight, bias, c["dout"], c["seq_idx"], c["initial_states"], c["dfinal_states"], None,
+                          c["return_dinitial_states"], c["silu"])
+    dinit = common.dinit_buffer(c["initial_states"]) if c["return_dinitial_states"] else None
+    dx, dw, db = bwd.two_kernel_backward(x, weight, bias, c["dout"], c["seq_idx"], c["initial_states"],
+                                         c["dfinal_states"], common.like(x), dinit, width, c["silu"])
+    two = (dx, dw.t().to(weight.dtype), None if bias is None else db.to(bias.dtype),
+           None if dinit is None else dinit[:, :, :width - 1])
     return one, two
 
 
-@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.usefixtures("conv_ref_mode")
 @pytest.mark.parametrize("shape", [(2, 6, 29), (2, 3, 2)], ids=["L29", "L2-under-width"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("width", [2, 3, 4])
@@ -108,17 +97,37 @@ def test_the_slide_kernel_gives_the_two_kernels_gradients(width: int, option: st
         assert (a - b).abs().max() <= 1e-5 * max(b.abs().max().item(), 1.0), name
 
 
-def test_rows_must_be_unit_stride():
+def test_which_calls_take_the_slide_kernel():
     c = _case(4, "plain", (2, 6, 9))
-    with pytest.raises(ValueError, match="slide: x and dout must be channel-last"):
-        slide.conv1d_backward_slide(c["x"].contiguous(), c["weight"], None, c["dout"], None, None, None, False, True)
+    x, dout = c["x"], c["dout"]
+    assert bwd_slide.fits(x, dout, None)
+    assert bwd_slide.fits(x, dout, common.like(x))
+    # A slice of a wider (batch, seqlen, width) buffer, as the fused layer hands in: rows still unit-stride.
+    wide = torch.empty(2, 9, 10).narrow(2, 2, 6).transpose(1, 2)
+    assert bwd_slide.fits(x, dout, wide)
+    assert not bwd_slide.fits(x.contiguous(), dout, None)
+    assert not bwd_slide.fits(x, dout.contiguous(), None)
+    assert not bwd_slide.fits(x, dout, common.like(x).contiguous())
+    # dx in dout's memory: programs read dout past their own positions, so the two kernels run.
+    assert not bwd_slide.fits(x, dout, dout)
+
+
+@pytest.mark.usefixtures("conv_ref_mode")
+def test_dx_in_douts_memory_takes_the_two_kernels():
+    """The fused layer may hand in dx as dout's own memory: the two kernels (whose second reads only
+    dpre) give the same gradients as a fresh dx does."""
+    c = _case(4, "bias-silu", (2, 6, 29))
+    args = (c["x"], c["weight"], c["bias"])
+    want = conv1d_backward(*args, c["dout"].clone(), None, None, None, None, False, True)
+    dout = c["dout"].clone()
+    got = conv1d_backward(*args, dout, None, None, None, dout, False, True)
+    assert got[0].data_ptr() == dout.data_ptr()
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert ((a - b).abs() <= 8 * torch.finfo(torch.float32).eps * b.abs() + 1e-6).all()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.xfail(strict=True, reason="compiled, its dx was off by about its own size on an H100 (experiments/"
-                                       "README.md); the dropped loop carries behind it are fixed but not yet rerun "
-                                       "on a GPU: strict, so the fix shows (then delete this mark)")
 @pytest.mark.parametrize("option", ["bias-silu", "seq_idx-bias-silu", "init-final-silu"])
 def test_the_slide_kernel_on_the_gpu(option: str):
     # Compiled, each kernel's code generation may contract the fp32 operations differently: dx is
@@ -129,13 +138,6 @@ def test_the_slide_kernel_on_the_gpu(option: str):
         if b is None:
             continue
         assert (a - b).abs().max().item() <= 1e-4 * (1 + b.abs().max().item()), name
-
-
-def test_the_timing_script_without_a_gpu_says_so():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, str(HERE / "time_slide.py")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and r.stderr.strip().endswith("needs a CUDA GPU"), r.stderr
 
 
 @pytest.mark.parametrize("option", ["seq_idx-bias-silu", "init-final-silu"])
@@ -156,9 +158,9 @@ def test_the_compiled_step_loop_carries_every_kept_row(option: str):
     args = (rows(), torch.empty(dim, width, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), rows(),
             torch.zeros(b, L, dtype=torch.int32) if seq else None, states() if init else None,
             states() if final else None, rows(), states() if init else None, width, silu)
-    with lowering.compiled_mode(slide.SLIDE.kernel):
-        bound = slide.SLIDE.kernel.bind(args)
-        config = helion.Config.from_dict(slide.default_config(slide.SLIDE.dims_from_args(args)))
+    with lowering.compiled_mode(SLIDE.kernel):
+        bound = SLIDE.kernel.bind(args)
+        config = helion.Config.from_dict(bwd_slide.default_config(SLIDE.dims_from_args(args)))
         assert lowering.dropped_loop_carries(bound, config, args) == []
 
 
@@ -166,8 +168,10 @@ _INTERPRET = r"""
 import sys, torch, helion
 from triton.runtime import interpreter
 from autotune_cli.reference.conv1d import causal_conv1d_ref
-import slide, test_slide
+from mamba_tune.conv1d import bwd_slide
+import test_bwd_slide
 
+SLIDE = bwd_slide.CAUSAL_CONV1D_BWD_SLIDE
 patch = interpreter._patch_lang_tensor  # Triton 3.6: tl.cast of a Python int is a one-element array
 
 
@@ -179,14 +183,14 @@ def patched(tensor, scope):
 interpreter._patch_lang_tensor = patched
 launch = lambda k, grid, *a, num_warps, num_stages, **kw: k[grid](*a, num_warps=num_warps, num_stages=num_stages)
 for option in sys.argv[1:]:
-    c = test_slide._case(4, option, (1, 48, 70))  # 3 chunks of 32 positions, 2 blocks of 32 channels
+    c = test_bwd_slide._case(4, option, (1, 48, 70))  # 3 chunks of 32 positions, 2 blocks of 32 channels
     x, w, bias, dout, seq_idx, init, dfinal = (c[k] for k in ("x", "weight", "bias", "dout", "seq_idx",
                                                              "initial_states", "dfinal_states"))
     dx = torch.empty_like(x)
     dinit = None if init is None else torch.empty_like(init)
     args = (x, w, bias, dout, seq_idx, init, dfinal, dx, dinit, 4, c["silu"])
-    bound = slide.SLIDE.kernel.bind(args)
-    config = helion.Config.from_dict(slide.slide_config(slide.SLIDE.dims_from_args(args), 32, 32))
+    bound = SLIDE.kernel.bind(args)
+    config = helion.Config.from_dict(bwd_slide.slide_config(SLIDE.dims_from_args(args), 32, 32))
     got = bound.compile_config(config, allow_print=False)(*args, _launcher=launch)
     leaves = [t.clone().requires_grad_() for t in (x, w, bias, init) if t is not None]
     names = [n for n, t in zip(("dx", "dweight", "dbias", "dinitial_states"), (x, w, bias, init)) if t is not None]
@@ -212,49 +216,43 @@ def test_the_generated_triton_kernel_under_triton_interpreter():
 
     env = {k: v for k, v in os.environ.items() if k != "HELION_INTERPRET"}
     env["TRITON_INTERPRET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parents[1]), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _INTERPRET, "seq_idx-bias-silu", "init-final-silu"], env=env, capture_output=True, text=True,
-                       timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _INTERPRET, "seq_idx-bias-silu", "init-final-silu"], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.count("ok ") == 2, (r.stdout + r.stderr)[-3000:]
 
 
 _COMPILE = r"""
 import json, sys, torch, helion
 from autotune_cli import lowering
-import slide
+from mamba_tune.conv1d import bwd_slide
 
+SLIDE = bwd_slide.CAUSAL_CONV1D_BWD_SLIDE
 b, L, dim, width = 2, 8192, 6144, 4  # Nemotron-3 Nano's xBC at TP 1
 rows = lambda: torch.empty_strided((b, dim, L), (L * dim, 1, dim), dtype=torch.bfloat16)
 packed = sys.argv[1] == "packed"
 seq_idx = torch.zeros(b, L, dtype=torch.int32) if packed else None
 args = (rows(), torch.empty(dim, width, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), rows(),
         seq_idx, None, None, rows(), None, width, True)
-dims = slide.SLIDE.dims_from_args(args)
-bound = slide.SLIDE.kernel.bind(args)
-compiled = lowering.compile_for_gpu(bound, helion.Config.from_dict(slide.default_config(dims)), args)
+dims = SLIDE.dims_from_args(args)
+bound = SLIDE.kernel.bind(args)
+compiled = lowering.compile_for_gpu(bound, helion.Config.from_dict(bwd_slide.default_config(dims)), args)
 print(json.dumps({"shared": compiled.metadata.shared, **lowering.ptxas_usage(compiled)}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("packed", ["dense", "packed"])
-def test_the_default_config_compiles_to_sm90_without_spills_staging_rows(packed: str):
+def test_the_default_config_compiles_to_sm90_without_spills(packed: str):
     """Triton's compiler and ptxas for an H200, on the CPU (`autotune_cli.lowering.compile_for_gpu`):
-    the rows kept from the steps before fit in registers, and one row per step should reach the
-    software pipeline (shared-memory stages), or a row per step leaves the memory system idle.
-    Triton 3.6 staged the rows only while it dropped the older kept rows from the loop's carries
-    (the H100 figures in experiments/README.md are of that kernel); carried, they are not staged:
-    an expected failure until a Triton stages them or the kernel is reshaped (time it first)."""
+    the rows kept from the steps before fit in registers (no spills) at Nemotron-3 Nano's xBC."""
     import json
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "HELION_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", _COMPILE, packed], env=env, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["spill_stores"] == got["spill_loads"] == 0, got
-    # x's and dout's rows staged ahead: (stages - 1) x 2 rows x 256 channels x 2 bytes, at least.
-    if got["shared"] < 2 * 2 * 256 * 2:
-        pytest.xfail(f"rows not staged by the software pipeline: {got}")
