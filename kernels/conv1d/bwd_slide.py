@@ -51,8 +51,10 @@ def causal_conv1d_bwd_slide_kernel(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, dim, seqlen = x.shape
     # Positions per program (one fp32 dweight/dbias partial each), channels per row.
-    chunk = hl.register_block_size(seqlen)
-    block_d = hl.register_block_size(dim)
+    # At least 16 of each where the sizes allow: a chunk under the halo's 2 (width - 1) steps or a
+    # row of a few channels only wastes steps and lanes (and ref mode steps in Python).
+    chunk = hl.register_block_size(min(16, seqlen), seqlen)
+    block_d = hl.register_block_size(min(16, dim), dim)
     nchunk = (seqlen + chunk - 1) // chunk
     dw_part = torch.empty([width, batch, nchunk, dim], dtype=torch.float32, device=x.device)
     db_part = torch.empty([batch, nchunk, dim], dtype=torch.float32, device=x.device)

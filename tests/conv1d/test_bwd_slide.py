@@ -76,7 +76,7 @@ def _both(c: dict) -> tuple[tuple, tuple]:
 
 
 @pytest.mark.usefixtures("conv_ref_mode")
-@pytest.mark.parametrize("shape", [(2, 6, 29), (2, 3, 2)], ids=["L29", "L2-under-width"])
+@pytest.mark.parametrize("shape", [(2, 20, 37), (2, 3, 2)], ids=["L37-two-channel-blocks", "L2-under-width"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("width", [2, 3, 4])
 def test_the_slide_kernel_gives_the_two_kernels_gradients(width: int, option: str, shape: tuple[int, int, int]):
