@@ -427,8 +427,9 @@ RULE_SHAPES = [
 
 
 def shapes_for(tk: TunableKernel, shapes: list[ModelShape]) -> list[ModelShape]:
-    """The shapes of `shapes` that reach the kernel, else the RULE_SHAPES that do."""
-    return [s for s in shapes if tk.dims_for(s) is not None] or [s for s in RULE_SHAPES if tk.dims_for(s) is not None]
+    """The shapes of `shapes` at which the kernel is checked (`dims_to_check`), else the RULE_SHAPES."""
+    return ([s for s in shapes if tk.dims_to_check(s) is not None]
+            or [s for s in RULE_SHAPES if tk.dims_to_check(s) is not None])
 
 
 def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str]:
@@ -507,7 +508,7 @@ def _lower_kernel(tk: TunableKernel) -> int:
     """Check the kernel's seeds and lower its default configs; the number of failures."""
     failures = 0
     for shape in shapes_for(tk, SEED_SHAPES):
-        dims = tk.dims_for(shape)
+        dims = tk.dims_to_check(shape)
         if tk.seed_configs is None:
             continue
         bad_seeds = check_seeds(tk, dims, "bf16")
@@ -516,7 +517,7 @@ def _lower_kernel(tk: TunableKernel) -> int:
             print(f"FAIL {tk.name} {dims}: {why}")
         print(f"{'ok  ' if not bad_seeds else 'FAIL'} {tk.name} {len(tk.seed_configs(dims))} search seeds at {dims}")
     for shape in shapes_for(tk, LOWERING_SHAPES):
-        dims = tk.dims_for(shape)
+        dims = tk.dims_to_check(shape)
         for dtype in ("bf16", "fp32"):
             try:
                 lower(tk, dims, dtype, None)

@@ -64,6 +64,9 @@ class KernelKey:
     # Other kernels its stage launches, each with its dims at a layer shape (None where it does
     # not run there): `plan` lists them with it, so a spec that names the stage tunes all of it.
     runs_too: tuple[tuple[str, DimsFor], ...] = ()
+    # For a kernel that no layer runs (dims_for None at every shape): its key dims for a call off
+    # the layers, at a layer's sizes (what the lowering, seed and loop-carry checks use).
+    off_layer_dims: DimsFor | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.size_dims) - set(self.dims)
@@ -72,6 +75,13 @@ class KernelKey:
         bad = set(self.neutral_dims) - set(self.dims) | set(self.neutral_dims) & set(self.size_dims)
         if bad:
             raise ValueError(f"{self.name}: neutral_dims {sorted(bad)} are not structural key dims")
+
+    def dims_to_check(self, shape: ModelShape) -> dict[str, int] | None:
+        """The dims at which to check the kernel at `shape`: the layer's, else `off_layer_dims`'."""
+        dims = self.dims_for(shape)
+        if dims is None and self.off_layer_dims is not None:
+            dims = self.off_layer_dims(shape)
+        return dims
 
     @property
     def function(self) -> str:
@@ -367,14 +377,22 @@ def _not_at_layers(shape: ModelShape) -> None:
     return None
 
 
+def _contiguous_bwd_dims(dims: tuple[str, ...]) -> DimsFor:
+    # The layer's conv in the contiguous layout: the two kernels' calls (for their checks).
+    return lambda shape: pick({**conv1d_fwd_dims(shape), "has_dinitial_states": 0, "has_dfinal": 0,
+                               "channel_last": 0}, dims)
+
+
 # The backward of every other call, two kernels: dpre with dweight and dbias (it reads what the
 # forward reads), then dx from dpre (the final states' gradient in, the initial states' out).
 CAUSAL_CONV1D_BWD = KernelKey("causal_conv1d_bwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, _not_at_layers,
-                              "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel")
+                              "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel",
+                              off_layer_dims=_contiguous_bwd_dims(_CONV1D_FWD_DIMS))
 _CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                        "channel_last")
 CAUSAL_CONV1D_BWD_DX = KernelKey("causal_conv1d_bwd_dx", "conv1d", _CONV1D_BWD_DX_DIMS, CONV1D_SIZE_DIMS,
-                                 _not_at_layers, "mamba_tune.conv1d.bwd:causal_conv1d_bwd_dx_kernel")
+                                 _not_at_layers, "mamba_tune.conv1d.bwd:causal_conv1d_bwd_dx_kernel",
+                                 off_layer_dims=_contiguous_bwd_dims(_CONV1D_BWD_DX_DIMS))
 CAUSAL_CONV1D_UPDATE = KernelKey(
     "causal_conv1d_update", "conv1d",
     ("batch", "dim", "seqlen", "width", "state_len", "has_bias", "silu", "has_cache_seqlens", "has_state_indices"),

@@ -104,6 +104,12 @@ class TunableKernel:
         return self.runtime.key.dims_for
 
     @property
+    def dims_to_check(self) -> Callable[[ModelShape], dict[str, int] | None]:
+        """Key dims to check the kernel at for a layer shape: the layer's, or a call's off the
+        layers for a kernel no layer runs (mamba_tune.keys.KernelKey.dims_to_check)."""
+        return self.runtime.key.dims_to_check
+
+    @property
     def dims_from_args(self) -> Callable[[Sequence[Any]], dict[str, int]]:
         return self.runtime.dims_from_args
 

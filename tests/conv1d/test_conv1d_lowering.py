@@ -35,8 +35,9 @@ def _cases() -> list[tuple[str, str, dict[str, int], str, bool]]:
     # seq_idx excludes states (the shape contract): one set with states, one with seq_idx.
     states = {**off, "has_bias": 1, "has_initial_states": 1, "has_dinitial_states": 1, "has_dfinal": 1}
     packed = {**off, "has_bias": 1, "has_seq_idx": 1}
-    for name in ("causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_bwd_dx"):
-        for layout in (0, 1):
+    for name in ("causal_conv1d_fwd", "causal_conv1d_bwd_slide", "causal_conv1d_bwd", "causal_conv1d_bwd_dx"):
+        # The slide kernel takes channel-last rows only (bwd_slide.fits).
+        for layout in (1,) if name == "causal_conv1d_bwd_slide" else (0, 1):
             lay = ("contiguous", "channel_last")[layout]
             for width in (2, 4):
                 for fid, flags in (("off", off), ("states", states), ("packed", packed)):

@@ -31,7 +31,7 @@ SHAPES = (
 
 def _dims(name: str) -> dict[str, int]:
     for shape in SHAPES:
-        dims = get(name).dims_for(shape)
+        dims = get(name).dims_to_check(shape)
         if dims is not None:
             return dims
     raise AssertionError(f"{name}: no dims at any of the test's shapes; add one")
