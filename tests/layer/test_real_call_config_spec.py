@@ -31,7 +31,8 @@ from autotune_cli.tuning import all_kernels
 from mamba_tune import runtime
 
 # Ref mode with Helion's own block sizes (one tile per loop): only the calls' layouts matter here.
-pytestmark = pytest.mark.parametrize("layer_ref_mode", ["max"], indirect=True)
+# Slow: two compiled-mode binds per kernel the layer calls (CI: ~55 s); handed out first under xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("layer_ref_mode", ["max"], indirect=True)]
 
 
 def _meta(a: Any) -> Any:
