@@ -27,7 +27,6 @@ CONFIG_MODE = "MAMBA_TUNE_CONFIG_MODE"
 PATCH_MAMBA_SSM = "MAMBA_TUNE_PATCH_MAMBA_SSM"
 PATCH_TRANSFORMERS = "MAMBA_TUNE_PATCH_TRANSFORMERS"
 RECORD = "MAMBA_TUNE_RECORD"
-UNSAFE_GPU_SEQ_IDX = "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX"
 SEARCH_LOG = "MAMBA_TUNE_SEARCH_LOG"
 GIT_SHA = "MAMBA_TUNE_GIT_SHA"
 
@@ -95,8 +94,6 @@ _OWN = (
              "patch transformers' Mamba-2 mixers at `import mamba_tune`"),
     Variable(RECORD, "a file path (not a folder)", _record_file,
              "record every kernel key the process calls into this file, from `import mamba_tune` on"),
-    Variable(UNSAFE_GPU_SEQ_IDX, "0 or 1", _flag,
-             "allow `fuse_bmm=True` with seq_idx on a GPU, whose in-kernel mask miscompiles (debugging)"),
     Variable(SEARCH_LOG, "0 or 1", _flag,
              "`mamba-tune sweep`, `tune`: 0 writes no search trace"),
     Variable(GIT_SHA, "a commit hash (7-40 lowercase hex digits, -dirty allowed)", _commit,
@@ -111,6 +108,8 @@ _OWN = (
 REMOVED = {
     "MAMBA_TUNE_SSD_DBDC_SIDES": "dC and dB always run in programs of their own (faster at every shape measured)",
     "MAMBA_TUNE_SSD_DBDC_SPLITS": "the dB/dC kernel's head runs follow their rule (experiments patch head_splits)",
+    "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX": "fuse_bmm=True with seq_idx is refused on a GPU (its in-kernel mask "
+                                     "miscompiles); use fuse_bmm=False, the default",
     "MAMBA_TUNE_CONV1D_BWD": "the conv1d backward is the slide kernel for channel-last calls and the two "
                              "kernels for the rest (mamba_tune.conv1d.bwd_slide.fits)",
     "MAMBA_TUNE_SSD_DBDC_SUM": "torch adds the dB/dC head runs; the one-kernel fold (not promoted) is "

@@ -27,7 +27,7 @@ from typing import Any
 import helion
 import torch
 
-from mamba_tune import env, paths, vocab
+from mamba_tune import paths, vocab
 from mamba_tune.keys import FUSE_BMM_DEFAULT, split_state_passing_bwd, two_pass_dbdc
 from mamba_tune.ssd import (
     bmm,
@@ -60,7 +60,6 @@ FUSE_STATE_PASSING_DEFAULT = True
 # F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
 # inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
 # variable is "1" (for debugging).
-UNSAFE_GPU_SEQ_IDX = env.UNSAFE_GPU_SEQ_IDX
 
 
 # B2 + B3 (the state gradients) as one walk over the chunks with a dot per step
@@ -163,10 +162,10 @@ def ssd_forward(
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
-    if fuse and seq_idx is not None and x.is_cuda and not env.read(UNSAFE_GPU_SEQ_IDX):
+    if fuse and seq_idx is not None and x.is_cuda:
         raise NotImplementedError(
             "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
-            f"mask miscompiles for some configs); use fuse_bmm=False. {UNSAFE_GPU_SEQ_IDX}=1 runs it anyway")
+            "mask miscompiles for some configs); use fuse_bmm=False, the default")
     fuse_sp = FUSE_STATE_PASSING_DEFAULT if fuse_state_passing is None else fuse_state_passing
     out, final_states, _inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                          dt_softplus, dt_limit, fuse, fuse_sp)

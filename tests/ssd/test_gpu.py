@@ -19,7 +19,6 @@ from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
 from mamba_tune import runtime
 from mamba_tune.ssd import mamba_chunk_scan_combined, ssd_forward
 from mamba_tune.ssd.bmm import bmm_chunk_fwd, mask_other_sequences
-from mamba_tune.ssd.combined import UNSAFE_GPU_SEQ_IDX
 
 pytestmark = [
     pytest.mark.gpu,
@@ -147,8 +146,7 @@ def test_cuda_graph_capture(options):
         assert torch.equal(a, c)
 
 
-def test_fused_bmm_with_seq_idx_on_the_gpu_is_refused(monkeypatch):
-    monkeypatch.delenv(UNSAFE_GPU_SEQ_IDX, raising=False)
+def test_fused_bmm_with_seq_idx_on_the_gpu_is_refused():
     shape = ModelShape(batch=1, seqlen=256, nheads=4, headdim=64, ngroups=1, dstate=64, chunk_size=64)
     i = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, torch.bfloat16, "cuda", 0)
     with pytest.raises(NotImplementedError, match="fuse_bmm=True with seq_idx"):
