@@ -504,10 +504,11 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
 
     known = all_keys()
     if model.kernels == "all":
-        # The kernels the default path runs (mamba_tune.paths), not those of forms it never picks.
+        # The kernels the default path runs (mamba_tune.paths), not those of forms it never picks
+        # nor those no layer runs (`off_layer_dims`: the conv1d backward's two kernels).
         from mamba_tune.paths import off_default_path
 
-        kernels = [k for k in known if k not in off_default_path()]
+        kernels = [k for k, key in known.items() if k not in off_default_path() and key.off_layer_dims is None]
     else:
         kernels = []
         for i, k in enumerate(model.kernels):
