@@ -462,6 +462,17 @@ def check_seeds(tk: TunableKernel, dims: dict[str, int], dtype: str) -> list[str
     return problems
 
 
+def work_items() -> list[tuple[str, Any]]:
+    """What `main` lowers, in the order `--shard I/N` interleaves: ("kernel", its tuning record)
+    for every kernel, then ("bundle", its path) for every committed bundle."""
+    from autotune_cli.tuning import all_kernels
+    from mamba_tune.bundle import find_bundles
+    from mamba_tune.runtime import default_bundle_paths
+
+    work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
+    return work + [("bundle", path) for path in find_bundles(default_bundle_paths())]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Lower every kernel's default config at LOWERING_SHAPES, every search seed at
     SEED_SHAPES (each at RULE_SHAPES where none reaches it), and every committed bundle config. `--shard I/N` does the I-th of N
@@ -477,14 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         if index >= count:
             print(f"--shard {args[1]}: I must be below N", file=sys.stderr)
             return 2
-    from autotune_cli.tuning import all_kernels
-    from mamba_tune.bundle import BundleError, find_bundles, load_bundle
-    from mamba_tune.runtime import default_bundle_paths
+    from mamba_tune.bundle import BundleError, load_bundle
 
-    work: list[tuple[str, Any]] = [("kernel", tk) for tk in all_kernels().values()]
-    work += [("bundle", path) for path in find_bundles(default_bundle_paths())]
     failures = 0
-    for kind, item in work[index::count]:
+    for kind, item in work_items()[index::count]:
         if kind == "kernel":
             failures += _lower_kernel(item)
             continue

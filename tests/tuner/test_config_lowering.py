@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import worker_processes
 
+from autotune_cli import lowering
 from autotune_cli.tuning import all_kernels
 from mamba_tune.bundle import find_bundles, load_bundle
 from mamba_tune.runtime import default_bundle_paths
@@ -21,26 +21,32 @@ from mamba_tune.runtime import default_bundle_paths
 pytestmark = pytest.mark.slow
 
 
-def test_default_configs_and_committed_bundles_lower(clean_env, lowering_processes):
-    # Processes that share the lowering (`--shard I/N`): one per core the test has.
-    shards = lowering_processes
+# The lowering in interleaved parts (`--shard I/N`), one test each, so that pytest-xdist's workers
+# share it (as one test it ran for over 3 minutes on one worker while the other had little left).
+SHARDS = 2
 
-    def shard(i: int) -> worker_processes.Ended:
-        return worker_processes.run([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{i}/{shards}"],
-                                    env=clean_env, timeout_s=2 * worker_processes.MIN_SECONDS)
 
-    with ThreadPoolExecutor(max_workers=shards) as pool:
-        ended = list(pool.map(shard, range(shards)))
-    for i, e in enumerate(ended):
-        assert e.returncode == 0 and not e.timed_out, \
-            f"lowering shard {i}/{shards}: {e.how()}; output: {(e.stdout + e.stderr)[-4000:] or '(empty)'}"
-    stdout = "".join(e.stdout for e in ended)
-    assert "FAIL" not in stdout
-    for name in all_kernels():  # every kernel, in one of the shards
-        assert f"ok   {name} " in stdout, name
-    for path in find_bundles(default_bundle_paths()):
-        n = len(load_bundle(path).entries)
-        assert stdout.count(f"{path}: {n}/{n} configs lower") == 1
+@pytest.mark.parametrize("index", range(SHARDS))
+def test_default_configs_and_committed_bundles_lower(clean_env, index):
+    e = worker_processes.run([sys.executable, "-m", "autotune_cli.lowering", "--shard", f"{index}/{SHARDS}"],
+                             env=clean_env, timeout_s=2 * worker_processes.MIN_SECONDS)
+    assert e.returncode == 0 and not e.timed_out, \
+        f"lowering shard {index}/{SHARDS}: {e.how()}; output: {(e.stdout + e.stderr)[-4000:] or '(empty)'}"
+    assert "FAIL" not in e.stdout
+    # The shard's part of the work: the shards together lower every kernel and every bundle.
+    for kind, item in lowering.work_items()[index::SHARDS]:
+        if kind == "kernel":
+            assert f"ok   {item.name} " in e.stdout, item.name
+        else:
+            n = len(load_bundle(item).entries)
+            assert e.stdout.count(f"{item}: {n}/{n} configs lower") == 1, item
+
+
+def test_the_shards_together_cover_every_kernel_and_bundle():
+    work = lowering.work_items()
+    assert [item.name for kind, item in work if kind == "kernel"] == list(all_kernels())
+    assert [item for kind, item in work if kind == "bundle"] == find_bundles(default_bundle_paths())
+    assert sorted(i for s in range(SHARDS) for i in range(len(work))[s::SHARDS]) == list(range(len(work)))
 
 
 def test_lowering_shards_reject_bad_arguments(clean_env):
