@@ -33,6 +33,7 @@ from mamba_tune.conv1d.common import (
     check_float,
     check_inputs,
     check_shape,
+    conv_dims,
     dinit_buffer,
     err,
     like,
@@ -264,10 +265,7 @@ def two_kernel_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _w, bias, _dout, seq_idx, initial_states, _dpre, width, silu = args
-    batch, dim, seqlen = x.shape
-    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
-            "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "silu": int(silu), "channel_last": channel_last(x)}
+    return conv_dims(x, bias, seq_idx, initial_states, width, silu)
 
 
 def _bwd_dx_dims_from_args(args: Sequence[Any]) -> dict[str, int]:

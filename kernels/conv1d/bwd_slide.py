@@ -208,11 +208,8 @@ def slide_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _w, bias, _dout, seq_idx, initial_states, dfinal, _dx, dinit, width, silu = args
-    batch, dim, seqlen = x.shape
-    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
-            "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "silu": int(silu), "channel_last": common.channel_last(x), "has_dinitial_states": int(dinit is not None),
-            "has_dfinal": int(dfinal is not None)}
+    return {**common.conv_dims(x, bias, seq_idx, initial_states, width, silu),
+            "has_dinitial_states": int(dinit is not None), "has_dfinal": int(dfinal is not None)}
 
 
 # One program per (row, chunk of positions, block of channels). Its loop steps one row at a time,

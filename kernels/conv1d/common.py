@@ -110,6 +110,15 @@ def dinit_buffer(initial_states: torch.Tensor) -> torch.Tensor:
     return torch.empty(batch, dim, 2, dtype=initial_states.dtype, device=initial_states.device)
 
 
+def conv_dims(x: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
+              initial_states: torch.Tensor | None, width: int, silu: bool) -> dict[str, int]:
+    """The key dims every conv1d kernel over x shares (the forward's; the backward's add theirs)."""
+    batch, dim, seqlen = x.shape
+    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
+            "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
+            "silu": int(silu), "channel_last": channel_last(x)}
+
+
 def channel_last(x: torch.Tensor) -> int:
     """1 when x (batch, dim, seqlen) steps along dim with unit stride and not along seqlen."""
     return int(x.stride(2) != 1 and x.stride(1) == 1)

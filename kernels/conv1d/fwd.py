@@ -32,8 +32,8 @@ import torch
 
 from mamba_tune import keys, runtime
 from mamba_tune.conv1d.common import (
-    channel_last,
     check_inputs,
+    conv_dims,
     like,
     strided,
     tile_of,
@@ -115,11 +115,8 @@ def conv1d_forward(
 
 
 def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    x, weight, bias, seq_idx, initial_states, _out, width, silu = args
-    batch, dim, seqlen = x.shape
-    return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
-            "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
-            "silu": int(silu), "channel_last": channel_last(x)}
+    x, _weight, bias, seq_idx, initial_states, _out, width, silu = args
+    return conv_dims(x, bias, seq_idx, initial_states, width, silu)
 
 
 def fwd_config(dims: dict[str, int], bd: int, bl: int, num_warps: int = 4) -> dict[str, Any]:
