@@ -23,7 +23,6 @@ from autotune_cli import environment as env
 from autotune_cli.plan import Combo
 from autotune_cli.search_trace import seconds_to_within
 from autotune_cli.spec import Budget, Tolerance
-from autotune_cli.tuning import all_kernels
 from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import (
     Bundle,
@@ -38,6 +37,7 @@ from mamba_tune.bundle import (
     load_bundle,
     write_bundle,
 )
+from mamba_tune.keys import all_keys
 
 
 class SweepInputError(Exception):
@@ -138,9 +138,15 @@ class SweepJob:
     def worker_job(self, combo: Combo, bundles: list[Bundle]) -> dict[str, Any]:
         """The worker's job file (`autotune_cli.worker`) for `combo`: its key, the budget, its
         dtype's tolerance, and the configs the search starts from: its key's and the nearest
-        tuned shapes' in `bundles` (`warm_start`: the bundle as written so far, then --warm-start's)."""
-        tk = all_kernels()[combo.kernel]
-        warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles, across=tk.seed_across)
+        tuned shapes' in `bundles` (`warm_start`: the bundle as written so far, then --warm-start's).
+        The kernel's tuning record (helion and the kernels: seconds of imports) is loaded only where a
+        bundle holds entries of the kernel: a fresh sweep's submitter starts without it."""
+        warm: list[dict[str, Any]] = []
+        if any(e.kernel == combo.kernel for b in bundles for e in b.entries.values()):
+            from autotune_cli.tuning import get
+
+            tk = get(combo.kernel)
+            warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles, across=tk.seed_across)
         return {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
                 "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
 
@@ -251,8 +257,10 @@ def same_versions(a: Versions, b: Versions) -> bool:
 
 
 def stale_keys(bundle: Bundle) -> dict[str, set[str]]:
-    """Kernel -> its entry keys, for each kernel whose source changed since the bundle tuned it."""
-    kernels = all_kernels()
+    """Kernel -> its entry keys, for each kernel whose source changed since the bundle tuned it.
+    (From the key schema, which hashes the source without importing it: a Slurm task, `status` and
+    `collect` load no torch or helion for it.)"""
+    kernels = all_keys()
     stale: dict[str, set[str]] = {}
     for name, prov in bundle.provenance.kernels.items():
         tk = kernels.get(name)
@@ -265,6 +273,7 @@ def rejected_configs(bundle: Bundle, keys: set[str]) -> dict[str, str]:
     """Key -> why, for the entries among `keys` whose config Helion rejects at their dims
     (an unknown key, a wrong length, an impossible value): such an entry is not done."""
     from autotune_cli.lowering import config_problem
+    from autotune_cli.tuning import all_kernels
 
     kernels = all_kernels()
     rejected: dict[str, str] = {}

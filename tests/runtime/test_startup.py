@@ -1,7 +1,8 @@
 """Start-up: the commands that only read specs and bundles import neither torch nor helion.
 
 Importing torch and helion takes seconds; `mamba-tune --help`, `plan`, `validate` of specs,
-`show`, `diff`, `check` (until a bundle entry's config is checked), `report` and `results` need neither.
+`show`, `diff`, `check` (until a bundle entry's config is checked), `report`, `results` and the
+Slurm executor's `status` and `collect` need neither.
 Validating a bundle checks its configs against their kernels' config spaces with Helion, so
 it imports both (only then). Checked on the modules a fresh interpreter has loaded, not on
 timings, so that a busy machine cannot make it flaky.
@@ -59,25 +60,32 @@ def test_light_commands_import_no_torch_or_helion(clean_env: dict[str, str], tmp
         ["results", "benchmarks/results", "-o", str(tmp_path / "results.md")],
         ["sweep", "--help"],
         ["bench", "--help"],
+        # The Slurm executor's bookkeeping (its modules, and an array task's, load on the first
+        # call): no sweep state in an empty folder, exit 2.
+        ["status", str(tmp_path / "no-bundles")],
+        ["collect", str(tmp_path / "no-bundles")],
     ]
     (tmp_path / "no-bundles").mkdir()
     report = probe(commands, clean_env)
     assert report.pop("import") == []
     for command, (code, heavy, output) in report.items():
         # (check exits 1 where the shipped bundles do not cover the spec: issue 19 item 5.)
-        assert code in ((0, 1) if command.startswith("check") else (0,)), f"mamba-tune {command}: {output}"
+        expected = (0, 1) if command.startswith("check") else (2,) if command.split()[0] in ("status", "collect") \
+            else (0,)
+        assert code in expected, f"mamba-tune {command}: {output}"
         assert heavy == [], f"mamba-tune {command} imported {', '.join(heavy)}"
     assert (tmp_path / "report").is_dir()
 
 
 def test_the_probe_sees_a_command_that_imports_torch(clean_env: dict[str, str], tmp_path: Path) -> None:
-    # A sweep needs torch (to find the GPU) and helion: the probe must see that, or the
-    # test above would pass for the wrong reason. (No GPU here: it stops with exit 2.)
+    # A sweep needs torch (to find the GPU): the probe must see that, or the test above would
+    # pass for the wrong reason. (No GPU here: it stops with exit 2, before its workers' jobs
+    # load the kernels with helion; test_validating_a_bundle_imports_helion sees helion.)
     report = probe([["sweep", "tests/data/tiny.yaml", "-o", str(tmp_path / "out"), "--log-dir",
                      str(tmp_path / "logs")]], clean_env)
     assert report.pop("import") == []
     (_code, heavy, output), = report.values()
-    assert "helion" in heavy and "torch" in heavy, output
+    assert "torch" in heavy, output
 
 
 def test_validating_a_bundle_imports_helion(clean_env: dict[str, str], tmp_path: Path) -> None:
@@ -130,3 +138,33 @@ def test_the_key_schema_loads_no_torch(clean_env: dict[str, str]) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     count, heavy = r.stdout.split(maxsplit=1)
     assert int(count) > 10 and heavy.strip() == "[]", r.stdout
+
+
+def test_a_fresh_sweeps_worker_jobs_load_no_kernels(clean_env: dict[str, str]) -> None:
+    # The Slurm submitter writes every task's job file before any combo is tuned: with no bundle
+    # entry of the kernel to start its search from, the job needs no tuning record (helion and the
+    # kernels). With one, the record's size dims pick the nearest entry's config.
+    code = f"""
+import sys
+sys.path.insert(0, "tests")
+from pathlib import Path
+from bundles import bundle, entry, norm_dims
+from autotune_cli.plan import plan
+from autotune_cli.spec import load_spec
+from autotune_cli.sweep_job import SweepJob, SweepOptions
+spec = load_spec(Path("tests/data/tiny.yaml"))
+combo = next(c for c in plan(spec) if c.kernel == "gated_norm_fwd")
+job = SweepJob(plan(spec), budget=spec.budget, tolerances=spec.tolerances, target_sku="h200", bundle_name="tiny",
+               spec_ref=None, options=SweepOptions(out_dir=Path(".")))
+other = bundle(entry("gated_norm_bwd", norm_dims(rows=combo.dims["rows"], d=combo.dims["d"])))
+fresh = [job.worker_job(combo, []), job.worker_job(combo, [other])]
+print([j["warm_start"] for j in fresh], sorted(m for m in {HEAVY!r} if m in sys.modules))
+near = entry("gated_norm_fwd", {{**combo.dims, "rows": 2 * combo.dims["rows"]}}, config={{"block_sizes": [4, 1], "num_warps": 2, "num_stages": 1}})
+print(job.worker_job(combo, [bundle(near)])["warm_start"], "helion" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fresh, seeded = r.stdout.strip().splitlines()[-2:]
+    assert fresh == "[[], []] []", r.stdout
+    assert seeded == "[{'block_sizes': [4, 1], 'num_warps': 2, 'num_stages': 1}] True", r.stdout
