@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +35,24 @@ def lower(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str,
 def triton_source(bound: Any, config: Any) -> str:
     """`bound.to_triton_code(config)`, parsed by Python too: the GPU imports that source, and
     code that Python rejects (seen on the H200: host code with an `if` left without a body)
-    only failed there. Raises SyntaxError naming the kernel."""
-    code = bound.to_triton_code(config)
-    compile(code, f"<generated Triton code of {bound.kernel.name}>", "exec")
+    only failed there. Raises SyntaxError naming the kernel.
+
+    Kept per bound kernel and config for the process: a search seed that is the kernel's default
+    config (about one check in five) is lowered once (half a second of Helion's code generation)."""
+    import helion
+
+    config = config if isinstance(config, helion.Config) else helion.Config.from_dict(config)
+    done = _TRITON_SOURCES.setdefault(bound, {})
+    code = done.get(config)
+    if code is None:
+        code = bound.to_triton_code(config)
+        compile(code, f"<generated Triton code of {bound.kernel.name}>", "exec")
+        done[config] = code
     return code
+
+
+# Bound kernel (weakly: Helion drops its bound kernels on reset) -> config -> its generated code.
+_TRITON_SOURCES: weakref.WeakKeyDictionary[Any, dict[Any, str]] = weakref.WeakKeyDictionary()
 
 
 def compile_for_gpu(bound: Any, config: Any, args: tuple[Any, ...], capability: int = 90, num_sms: int = 132) -> Any:

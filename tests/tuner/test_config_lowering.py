@@ -209,3 +209,26 @@ def test_the_config_check_binds_cpu_tensors_where_meta_tensors_fail(monkeypatch)
     spec.normalize(spec.default_config())  # accepted as before
     with pytest.raises(Exception, match="block_sizes"):
         spec.normalize(helion.Config(block_sizes=[1, 2, 3, 4, 5]))
+
+
+def test_a_config_is_lowered_once_per_bound_kernel(monkeypatch):
+    # A search seed that is the kernel's default config (about one check in five) is not lowered
+    # twice: triton_source keeps each bound kernel's code per config (an equal Config, too).
+    import helion
+
+    from autotune_cli.tuning import get
+
+    tk = get("gated_norm_fwd")
+    dims = dict(rows=37, d=96, group_size=32, has_z=1, norm_before_gate=0, has_bias=0, is_rms=1, weight_fp32=1)
+    with lowering.compiled_mode(tk.kernel):
+        bound = tk.kernel.bind(lowering.shape_args(tk, dims, "bf16"))
+        lowered: list[object] = []
+        real = type(bound).to_triton_code
+        monkeypatch.setattr(type(bound), "to_triton_code", lambda self, c, **kw: lowered.append(c) or real(self, c, **kw))
+        default = tk.default_for(bound, dims)
+        code = lowering.triton_source(bound, default)
+        assert lowering.triton_source(bound, dict(default)) == code
+        assert lowering.triton_source(bound, helion.Config.from_dict(dict(default))) == code
+        assert len(lowered) == 1
+        other = helion.Config.from_dict({**dict(default), "num_warps": 2 if default["num_warps"] != 2 else 4})
+        assert lowering.triton_source(bound, other) != code and len(lowered) == 2
