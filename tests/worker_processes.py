@@ -94,6 +94,14 @@ def run(argv: list[str], *, input_text: str = "", env: dict[str, str] | None = N
                  time.monotonic() - t0, timed_out)
 
 
+def env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """`env` as the key of a once-per-process lowering (the lowering modules' `functools.cache`),
+    without PYTEST_CURRENT_TEST: pytest sets it to the test being set up, and a module fixture set
+    up again under another test (pytest-xdist ran another module's test in between) must find the
+    lowering done, not lower every case again."""
+    return tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
+
+
 def run_cases(code: str, cases: list[tuple[Any, ...]], n: int, env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Split `cases` over `n` children running `code` (cases as JSON on stdin, one JSON line
     {"id", "ok", "error"} per case on stdout). A child that did not end with exit code 0 adds

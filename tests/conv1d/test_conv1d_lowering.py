@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_processes import run_cases
+from worker_processes import env_key, run_cases
 
 FLAGS = ("has_bias", "has_seq_idx", "has_initial_states", "has_dinitial_states", "has_dfinal")
 # Nemotron-3 Nano's xBC at TP 1: 64 * 64 + 2 * 8 * 128 channels.
@@ -95,7 +95,7 @@ def clean_env() -> dict[str, str]:
 def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dict[str, Any]]:
     # pytest sets a module fixture up again when pytest-xdist runs another module's test between
     # this module's (CI lowered every case twice, 85-125 s each): lower once per process.
-    return _lower_cases(tuple(sorted(clean_env.items())), lowering_processes)
+    return _lower_cases(env_key(clean_env), lowering_processes)
 
 
 @functools.cache
@@ -112,3 +112,14 @@ def test_default_config_lowers(lowered: dict[str, dict[str, Any]], case_id: str)
     assert case_id in lowered, f"{case_id}: the lowering worker printed no result"
     result = lowered[case_id]
     assert result["ok"], f"{case_id}: {result['error']}"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("conv1d-lowering")
+def test_the_lowering_is_found_again_by_a_second_set_up(lowered: dict[str, dict[str, Any]],
+                                                         clean_env: dict[str, str], lowering_processes: int) -> None:
+    # What `lowered` asks for when pytest sets it up again under another test: the environment
+    # differs in PYTEST_CURRENT_TEST alone, and the cases are not lowered a second time.
+    again = {**clean_env, "PYTEST_CURRENT_TEST": os.environ["PYTEST_CURRENT_TEST"]}
+    assert again != clean_env
+    assert _lower_cases(env_key(again), lowering_processes) is lowered

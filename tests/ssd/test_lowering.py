@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 import pytest
-from worker_processes import run_cases
+from worker_processes import env_key, run_cases
 
 from mamba_tune.keys import bwd_partials
 
@@ -88,7 +88,7 @@ for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
 def lowered(clean_env: dict[str, str], lowering_processes: int) -> dict[str, dict[str, Any]]:
     # pytest sets a module fixture up again when pytest-xdist runs another module's test between
     # this module's (CI lowered every case twice, 85-125 s each): lower once per process.
-    return _lower_cases(tuple(sorted(clean_env.items())), lowering_processes)
+    return _lower_cases(env_key(clean_env), lowering_processes)
 
 
 @functools.cache
