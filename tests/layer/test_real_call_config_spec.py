@@ -95,9 +95,11 @@ def test_tuning_problems_bind_to_the_config_space_of_the_calls_training_makes(la
     differ = []
     for rk, meta in captured.values():
         dims = rk.dims_from_args(meta)
+        # In one compiled-mode block: where the tuning problem's layout is the call's (Helion's
+        # specialization key), the second bind is Helion's bound kernel of the first, as at run time.
         with compiled_mode(rk.kernel):
             real = rk.kernel.bind(meta).config_spec.structural_fingerprint_hash()
-        tuned = config_spec(records[rk.name], dims, runtime.dtype_of(meta, rk)).structural_fingerprint_hash()
+            tuned = config_spec(records[rk.name], dims, runtime.dtype_of(meta, rk)).structural_fingerprint_hash()
         if real != tuned:
             differ.append(f"{rk.name} at {dims}")
     assert not differ, f"the tuning problem binds to another config space than the real call: {differ}"
