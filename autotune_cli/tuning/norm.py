@@ -81,7 +81,8 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
     v3 = (rows, d // gs, gs)
     mean, rstd = gated_norm_stats_ref(inp.x, inp.z, inp.eps, gs, inp.nbg, inp.rms)
     args = (inp.dy.view(v3), inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
-            None if inp.b is None else inp.b.view(-1, gs), mean, rstd.contiguous(), inp.nbg, inp.rms)
+            None if inp.b is None else inp.b.view(-1, gs), mean, rstd.contiguous(),
+            None if inp.z is None else torch.empty(v3, dtype=dtype, device=device), inp.nbg, inp.rms)
 
     def outputs(res):
         dx, dz, dw, db = res

@@ -136,13 +136,14 @@ def _swiglu(zx0: torch.Tensor) -> torch.Tensor:
     return (F.silu(z0) * x0).to(zx0.dtype)
 
 
-def _swiglu_bwd(zx0: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
-    """d(z0, x0) of silu(z0) * x0, fp32 math, in zx0's dtype."""
+def _swiglu_bwd(zx0: torch.Tensor, dout: torch.Tensor, dzx0: torch.Tensor) -> None:
+    """d(z0, x0) of silu(z0) * x0, fp32 math, written into dzx0 (like zx0) in its dtype."""
     z0, x0 = zx0.float().chunk(2, dim=-1)
     g = dout.float()
     s = torch.sigmoid(z0)
-    dz0 = g * x0 * s * (1 + z0 * (1 - s))
-    return torch.cat([dz0, g * z0 * s], dim=-1).to(zx0.dtype)
+    dz0_out, dx0_out = dzx0.chunk(2, dim=-1)
+    dz0_out.copy_(g * x0 * s * (1 + z0 * (1 - s)))
+    dx0_out.copy_(g * z0 * s)
 
 
 def _conv(xBC: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: torch.Tensor | None,
@@ -296,8 +297,14 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     if tuple(dout.shape) != (b, s, out_dim):
         _fail(f"dout shape {tuple(dout.shape)} != (batch, seqlen, out_dim) = {(b, s, out_dim)}")
     zx0, z, xBC, dt = torch.split(zxbcdt, dims.splits, dim=-1)
+    # The kernels write every gradient into its slice of the one buffer autograd returns (dz by
+    # the norm's backward or the SSD's, ddt by the SSD's, dxBC by the conv's), as mamba-ssm's
+    # fused backward does; the SSD's dx, dB and dC go into one (batch, seqlen, conv_dim)
+    # buffer, the conv backward's output gradient.
     dzxbcdt = torch.empty_like(zxbcdt)
     dzx0, dz_out, dxBC_out, ddt_out = torch.split(dzxbcdt, dims.splits, dim=-1)
+    dxBC_conv = torch.empty((b, s, dims.conv_dim), dtype=zxbcdt.dtype, device=zxbcdt.device)
+    dx_out, dB_out, dC_out = _ssd_inputs(dims, dxBC_conv, z)[:3]
     grads: dict[str, torch.Tensor | None] = {"conv1d_bias": None, "rmsnorm_weight": None, "outproj_weight": None,
                                              "outproj_bias": None}
 
@@ -333,7 +340,7 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
         dout = F.linear(dlin, weight.t())
     dout = dout.to(zxbcdt.dtype)
     if dims.d_mlp > 0:
-        dzx0.copy_(_swiglu_bwd(zx0, dout[..., :dims.d_mlp]))
+        _swiglu_bwd(zx0, dout[..., :dims.d_mlp], dzx0)
     dy = dout[..., dims.d_mlp:]
     del gated_out
 
@@ -341,30 +348,25 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
         y = None  # only out_proj's weight gradient read it
         g = ssd_backward(dy.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
                          opts.chunk_size, D=D, z=z4, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter)
-        assert g["z"] is not None
-        dz_out.copy_(g["z"].reshape(b, s, dims.dim))
+                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter,
+                         dx=dx_out, ddt=ddt_out, dB=dB_out, dC=dC_out,
+                         dz=dz_out.unflatten(-1, (dims.nheads, dims.headdim)))
     else:
         # The norm's backward on the recomputed SSD output y and rstd.
         assert y is not None and rstd is not None
         gs = dims.dim // dims.ngroups
         y2, z2, w = gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous()
-        dy2, dz2, dw, _ = gated._bwd(gated._rows(dy), y2, z2, w, None, None, rstd, gs, opts.norm_before_gate,
-                                     True)
-        del y, y2, rstd
+        dy2, _dz, dw, _ = gated._bwd(gated._rows(dy), y2, z2, w, None, None, rstd, gs, opts.norm_before_gate,
+                                     True, dz2=dz_out.reshape(b * s, dims.dim))
+        del y, y2, rstd, _dz
         grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
-        assert dz2 is not None
-        dz_out.copy_(dz2.reshape(b, s, dims.dim))
-        del dz2
         g = ssd_backward(dy2.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
                          opts.chunk_size, D=D, z=None, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter)
+                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter,
+                         dx=dx_out, ddt=ddt_out, dB=dB_out, dC=dC_out)
         del dy2
     del xBC_conv, x, B, C, inter
-    assert g["dt"] is not None and g["x"] is not None and g["B"] is not None and g["C"] is not None
-    ddt_out.copy_(g["dt"])
-    dxBC_conv = torch.cat([g["x"].reshape(b, s, dims.dim), g["B"].reshape(b, s, -1), g["C"].reshape(b, s, -1)],
-                          dim=-1)
+    del dx_out, dB_out, dC_out
     grads.update({"dt_bias": g["dt_bias"], "A": g["A"], "D": g["D"], "initial_states": g["initial_states"]})
     del g
     dxBC, dweight, dbias, _ = conv1d_backward(xBC.transpose(1, 2), conv1d_weight, conv1d_bias,

@@ -79,6 +79,7 @@ def gated_norm_bwd_kernel(
     bias: torch.Tensor | None,  # like weight
     mean: torch.Tensor | None,  # (rows, ngroups) fp32, LayerNorm only
     rstd: torch.Tensor,  # (rows, ngroups) fp32
+    dz: torch.Tensor | None,  # like x (any row stride), written; with z
     norm_before_gate: hl.constexpr,
     is_rms_norm: hl.constexpr,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -87,7 +88,6 @@ def gated_norm_bwd_kernel(
     rows_per_program = hl.register_block_size(rows)
     nprog = (rows + rows_per_program - 1) // rows_per_program
     dx = torch.empty_like(x)
-    dz = torch.empty_like(x) if z is not None else None
     dw_part = torch.empty([nprog, ngroups, group_size], dtype=torch.float32, device=x.device)
     db_part = torch.empty([nprog, ngroups, group_size], dtype=torch.float32, device=x.device) if bias is not None else None
     # dx, dz, and one fp32 partial dweight/dbias row per program.
@@ -195,10 +195,14 @@ def _fwd(x2, z2, weight, bias, eps, group_size, norm_before_gate, is_rms_norm):
     return out.view(rows, d), (None if is_rms_norm else mean), rstd
 
 
-def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is_rms_norm):
+def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is_rms_norm, dz2=None):
+    """dz2: where to write dz, (rows, d) with a unit last stride and any row stride (the fused
+    layer's slice of its gradient buffer); None: a new buffer."""
     rows, d = x2.shape
     g = d // group_size
     v3 = (rows, g, group_size)
+    if z2 is not None and dz2 is None:
+        dz2 = torch.empty((rows, d), dtype=x2.dtype, device=x2.device)
     args = (
         dy2.view(v3),
         x2.view(v3),
@@ -207,6 +211,7 @@ def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is
         None if bias is None else bias.view(g, group_size),
         mean,
         rstd,
+        None if z2 is None else dz2.view(v3),
         bool(norm_before_gate),
         bool(is_rms_norm),
     )
@@ -339,7 +344,7 @@ def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    dy, x, z, w, b, _mean, _rstd, nbg, rms = args
+    dy, x, z, w, b, _mean, _rstd, _dz, nbg, rms = args
     return _fwd_dims_from_args((x, z, w, b, 0.0, nbg, rms))
 
 

@@ -35,6 +35,7 @@ from mamba_tune.ssd import common
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
 def chunk_cumsum_bwd_kernel(
+    ddt: torch.Tensor,  # like dt (any strides but a unit last one), written
     rows: torch.Tensor,  # (3, slots_p, batch, nheads, nchunks * chunk_size) fp32
     ddA_last: torch.Tensor,  # (slots, batch, nheads, nchunks) fp32
     dt: torch.Tensor,  # (batch, seqlen, nheads), the forward's input
@@ -49,7 +50,6 @@ def chunk_cumsum_bwd_kernel(
     nchunks = (seqlen + chunk_size - 1) // chunk_size
     nslot_p = rows.size(1)
     nslot_s = ddA_last.size(0)
-    ddt = torch.empty_like(dt)
     dA_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
     dbias_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
     block_h = hl.register_block_size(nheads)
@@ -98,9 +98,12 @@ def chunk_cumsum_bwd_kernel(
 
 def _launch(rows: torch.Tensor, ddA_last: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
             dt_bias: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float],
-            chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Returns (ddt like dt, dA (nheads,) fp32, ddt_bias (nheads,) fp32 or None)."""
-    args = (rows, ddA_last, dt, A.contiguous(), None if dt_bias is None else dt_bias.contiguous(),
+            chunk_size: int, ddt: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Returns (ddt like dt, dA (nheads,) fp32, ddt_bias (nheads,) fp32 or None). ddt: where to
+    write it (like dt, a unit last stride: the fused layer's slice of its gradient buffer); None:
+    a new buffer."""
+    args = (torch.empty_like(dt) if ddt is None else ddt, rows, ddA_last, dt, A.contiguous(), None if dt_bias is None else dt_bias.contiguous(),
             float(dt_limit[0]), float(dt_limit[1]), int(chunk_size), bool(dt_softplus))
     ddt, dA_part, dbias_part = runtime.run(SSD_CHUNK_CUMSUM_BWD, args)
     return ddt, dA_part.sum(dim=(0, 1)), None if dt_bias is None else dbias_part.sum(dim=(0, 1))
@@ -110,7 +113,7 @@ def _launch(rows: torch.Tensor, ddA_last: torch.Tensor, dt: torch.Tensor, A: tor
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    rows, last, dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
+    _ddt, rows, last, dt, _A, dt_bias, _lo, _hi, chunk_size, softplus = args
     batch, seqlen, nheads = dt.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "chunk_size": int(chunk_size),
             "has_dt_bias": int(dt_bias is not None), "dt_softplus": int(softplus), "row_partials": rows.size(1),
@@ -126,5 +129,5 @@ SSD_CHUNK_CUMSUM_BWD = runtime.RuntimeKernel(
     kernel=chunk_cumsum_bwd_kernel,
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
-    dtype_arg=2,  # dt: the model's dtype (the first tensors are fp32 buffers)
+    dtype_arg=3,  # dt: the model's dtype (the first tensors are fp32 buffers)
 )

@@ -56,7 +56,8 @@ LOG2E = 1.4426950408889634
 def chunk_scan_chunk_state_bwd_dx_kernel(
     rows: torch.Tensor,  # (3, slots_p, batch, nheads, nchunks * chunk_size) fp32 zeros: ddt~, its F2 part, dout.y
     dD_part: torch.Tensor,  # (batch, ceil(seqlen / 16), nheads, headdim) fp32 zeros
-    dz: torch.Tensor | None,  # like x, written
+    dz: torch.Tensor | None,  # like x (any strides but a unit last one), written
+    dx: torch.Tensor,  # like x (any strides but a unit last one), written
     dy: torch.Tensor,  # (batch, seqlen, nheads, headdim)
     z: torch.Tensor | None,  # like x
     x: torch.Tensor,  # (batch, seqlen, nheads, headdim)
@@ -78,7 +79,6 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
     heads_per_group = nheads // ngroups
     dt_pos = dt.view(batch, nheads, nchunks * chunk_size)
     dA_pos = dA_cumsum.view(batch, nheads, nchunks * chunk_size)
-    dx = torch.empty_like(x)
     block_m = hl.register_block_size(16, chunk_size)
     block_p = hl.register_block_size(max(16, min(SLOT_P, headdim & -headdim)), headdim)  # slot_block
     block_k = hl.register_block_size(16, chunk_size)
@@ -190,17 +190,22 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             cb: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor,
-            dstates: torch.Tensor, D: torch.Tensor | None, seq_idx: torch.Tensor | None
+            dstates: torch.Tensor, D: torch.Tensor | None, seq_idx: torch.Tensor | None,
+            dx: torch.Tensor | None = None, dz: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Returns (dx, dz or None, rows (3, slots, batch, nheads, nchunks * chunk_size) fp32,
-    dD (nheads, headdim) fp32 or None)."""
+    dD (nheads, headdim) fp32 or None). dx, dz: where to write them (like x, a unit last
+    stride, any others: the fused layer's slices of its gradient buffers); None: new buffers."""
     batch, seqlen, nheads, headdim = x.shape
     nchunks, chunk_size = dt.shape[2], dt.shape[3]
     rows = torch.zeros((3, row_slots(headdim, B.shape[3]), batch, nheads, nchunks * chunk_size),
                        dtype=torch.float32, device=x.device)
     dD_part = torch.zeros((batch, -(-seqlen // SLOT), nheads, headdim), dtype=torch.float32, device=x.device)
-    dz = None if z is None else torch.empty_like(z)
-    args = (rows, dD_part, dz, dy, z, x, B.to(x.dtype), C.to(x.dtype), cb, dt.contiguous(), dA_cumsum.contiguous(),
+    if z is not None and dz is None:
+        dz = torch.empty_like(z)
+    if dx is None:
+        dx = torch.empty_like(x)
+    args = (rows, dD_part, dz, dx, dy, z, x, B.to(x.dtype), C.to(x.dtype), cb, dt.contiguous(), dA_cumsum.contiguous(),
             prev_states.to(x.dtype), dstates.to(x.dtype), common.expand_D(D, nheads, headdim), seq_idx)
     dx = runtime.run(SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX, args)
     dD = None if D is None else dD_part.sum(dim=(0, 1))
@@ -211,7 +216,7 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    _rows, _dD, _dz, dy, z, x, B, C, cb, dt, _dA, _prev, _ds, D, seq_idx = args
+    _rows, _dD, _dz, _dx, dy, z, x, B, C, cb, dt, _dA, _prev, _ds, D, seq_idx = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_D": int(D is not None),
@@ -229,5 +234,5 @@ SSD_CHUNK_SCAN_CHUNK_STATE_BWD_DX = runtime.RuntimeKernel(
     kernel=chunk_scan_chunk_state_bwd_dx_kernel,
     dims_from_args=_dims_from_args,
     default_config=_DEFAULT,
-    dtype_arg=3,  # dy: the model's dtype (the first tensors are fp32 buffers)
+    dtype_arg=4,  # dy: the model's dtype (the first tensors are fp32 buffers)
 )

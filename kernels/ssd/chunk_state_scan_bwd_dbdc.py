@@ -219,9 +219,13 @@ def head_splits(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
 SIDES = 2
 
 
-def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's dB and dC buffers: one split in x's dtype, else fp32 partials."""
+def out_buffers(x: torch.Tensor, B: torch.Tensor, nchunks: int, dB: torch.Tensor | None = None,
+                dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's dB and dC buffers: one split in x's dtype (dB and dC themselves when given:
+    the kernel writes them in place), else fp32 partials."""
     splits = head_splits(x.shape[0], nchunks, B.shape[2], x.shape[2])
+    if splits == 1 and dB is not None and dC is not None:
+        return dB.unsqueeze(0), dC.unsqueeze(0)
     dtype = x.dtype if splits == 1 else torch.float32
     shape = (splits, *B.shape)
     return (torch.empty(shape, dtype=dtype, device=x.device), torch.empty(shape, dtype=dtype, device=x.device))
@@ -232,24 +236,30 @@ def sum_splits(part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return part[0] if part.size(0) == 1 else part.sum(0).to(dtype)
 
 
-def sum_runs(dB_part: torch.Tensor, dC_part: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def sum_runs(dB_part: torch.Tensor, dC_part: torch.Tensor, dtype: torch.dtype, dB: torch.Tensor | None = None,
+             dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dB, dC) in `dtype` from `out_buffers`' two buffers: the runs' partials summed by torch (a sum
-    and a cast each; experiments/dbdc_runs_sum/ folds both in one kernel: not promoted)."""
-    return sum_splits(dB_part, dtype), sum_splits(dC_part, dtype)
+    and a cast each; experiments/dbdc_runs_sum/ folds both in one kernel: not promoted); into dB and
+    dC when given (in `dtype`: `out_buffers`' own buffers with one run)."""
+    if dB is None or dC is None or dB_part.size(0) == 1:
+        return sum_splits(dB_part, dtype), sum_splits(dC_part, dtype)
+    return dB.copy_(dB_part.sum(0)), dC.copy_(dC_part.sum(0))  # cast as .to(dtype) rounds
 
 
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
             seq_idx: torch.Tensor | None, rows: torch.Tensor | None = None,
-            cb: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            cb: torch.Tensor | None = None, dB: torch.Tensor | None = None,
+            dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (dB, dC), (batch, seqlen, ngroups, dstate) in x's dtype; adds dout . y and ddt~'s
-    chunk term to the dx kernel's rows when given (with cb; see the module docstring)."""
-    dB_part, dC_part = out_buffers(x, B, dt.shape[2])
+    chunk term to the dx kernel's rows when given (with cb; see the module docstring). dB, dC:
+    where to write them (x's dtype, a unit last stride); None: new buffers."""
+    dB_part, dC_part = out_buffers(x, B, dt.shape[2], dB, dC)
     args = (dB_part, dC_part, dy, z, x, B.to(x.dtype), C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(),
             prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb,
             SIDES)
     dB_part, dC_part = runtime.run(SSD_CHUNK_STATE_SCAN_BWD_DBDC, args)
-    return sum_runs(dB_part, dC_part, x.dtype)
+    return sum_runs(dB_part, dC_part, x.dtype, dB, dC)
 
 
 # --- runtime declaration ----------------------------------------------------------------

@@ -81,13 +81,13 @@ def _sp_bwd_split(batch: int, nheads: int, chunk_size: int) -> bool:
 
 def dbdc_launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
-                seq_idx: torch.Tensor | None, rows: torch.Tensor | None, cb: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                seq_idx: torch.Tensor | None, rows: torch.Tensor | None, cb: torch.Tensor | None,
+                dB: torch.Tensor | None = None, dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dB and dC on the path `two_pass_dbdc` (or its variable, mamba_tune.paths) picks, as
-    `chunk_state_scan_bwd_dbdc._launch`."""
+    `chunk_state_scan_bwd_dbdc._launch` (into dB and dC when given)."""
     two = paths.choose("ssd_dbdc", "two" if two_pass_dbdc(B.shape[3]) else "one") == "two"
     launch = dbdc_two_pass._launch if two else chunk_state_scan_bwd_dbdc._launch
-    return launch(dy, z, x, B, C, dt, dA_cumsum, prev_states, dstates, seq_idx, rows, cb)
+    return launch(dy, z, x, B, C, dt, dA_cumsum, prev_states, dstates, seq_idx, rows, cb, dB, dC)
 
 
 def state_passing_bwd_launch(dy: torch.Tensor, z: torch.Tensor | None, C: torch.Tensor, dA_cumsum: torch.Tensor,
@@ -347,6 +347,26 @@ def ssd_forward_with_intermediates(
                     FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT)
 
 
+def _check_outputs(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, z: torch.Tensor | None,
+                   **outs: torch.Tensor | None) -> None:
+    """ValueError naming a given gradient buffer of `ssd_backward` that its kernels cannot write."""
+    like = {"dx": x, "ddt": dt, "dB": B, "dC": C, "dz": z}
+    for name, out in outs.items():
+        if out is None:
+            continue
+        ref = like[name]
+        if ref is None:
+            raise ValueError(f"ssd backward: {name} given without its input")
+        want = x.dtype if name in ("dB", "dC") else ref.dtype
+        if tuple(out.shape) != tuple(ref.shape) or out.dtype != want or out.stride(-1) != 1:
+            raise ValueError(f"ssd backward: {name} must be {tuple(ref.shape)} {want} with a unit last stride, got "
+                             f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
+        if out.device != x.device:
+            raise ValueError(f"ssd backward: {name} is on {out.device}, x on {x.device}")
+    if (outs.get("dB") is None) != (outs.get("dC") is None):
+        raise ValueError("ssd backward: dB and dC are given together or not at all")
+
+
 def ssd_backward(
     dy: torch.Tensor,
     dfinal_states: torch.Tensor | None,
@@ -364,15 +384,26 @@ def ssd_backward(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     intermediates: SSDIntermediates | None = None,
+    *,
+    dx: torch.Tensor | None = None,
+    ddt: torch.Tensor | None = None,
+    dB: torch.Tensor | None = None,
+    dC: torch.Tensor | None = None,
+    dz: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """Gradients of `ssd_forward`'s (out, final_states) for output gradients (dy, dfinal_states).
 
     intermediates: `ssd_recompute_forward`'s for these same inputs (None: recomputed here).
+    dx, ddt, dB, dC, dz: where the kernels write those gradients (as mamba-ssm's
+    `_mamba_chunk_scan_combined_bwd` takes them): each like its input (x, dt, B, C, z) in shape
+    and dtype, with a unit last stride and any others (the fused layer hands in slices of its
+    gradient buffers); dB and dC together, in x's dtype; None: new buffers.
     Returns {"x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"}: each in its
     input's dtype and shape, None where the input is None.
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     common.check_shape("dout", dy, tuple(x.shape), "batch, seqlen, nheads, headdim")
+    _check_outputs(x, dt, B, C, z, dx=dx, ddt=ddt, dB=dB, dC=dC, dz=dz)
     dy = dy.to(x.dtype).contiguous()
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
     # The forward's intermediates (F1, F2 + F3, F4): handed in (the autograd forward's kept ones
@@ -382,11 +413,12 @@ def ssd_backward(
     dA_cumsum, dt_out, prev_states, cb = inter.dA_cumsum, inter.dt_out, inter.prev_states, inter.cb
     dstates, ddA_last, dinit = state_passing_bwd_launch(dy, z, Cx, dA_cumsum, prev_states, dfinal_states, seq_idx)
     dx, dz, rows, dD = chunk_scan_chunk_state_bwd_dx._launch(dy, z, x, Bx, Cx, cb, dt_out, dA_cumsum, prev_states,
-                                                             dstates, D, seq_idx)
+                                                             dstates, D, seq_idx, dx, dz)
     # Without z the dx kernel leaves dout . y (rows[2]) and ddt~'s chunk term (in rows[0]) to it.
     dB, dC = dbdc_launch(dy, z, x, Bx, Cx, dt_out, dA_cumsum, prev_states, dstates, seq_idx,
-                         rows if z is None else None, cb if z is None else None)
-    ddt, dA, ddt_bias = chunk_cumsum_bwd._launch(rows, ddA_last, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
+                         rows if z is None else None, cb if z is None else None, dB, dC)
+    ddt, dA, ddt_bias = chunk_cumsum_bwd._launch(rows, ddA_last, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size,
+                                                 ddt)
     if D is not None and dD is not None:
         dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)
     return {

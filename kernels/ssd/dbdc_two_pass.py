@@ -204,8 +204,10 @@ def dbdc_kernel(
 def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
             dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, dstates: torch.Tensor,
             seq_idx: torch.Tensor | None, rows: torch.Tensor | None = None,
-            cb: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """As chunk_state_scan_bwd_dbdc._launch: (dB, dC) in x's dtype, and the rows' sums added."""
+            cb: torch.Tensor | None = None, dB: torch.Tensor | None = None,
+            dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """As chunk_state_scan_bwd_dbdc._launch: (dB, dC) in x's dtype (into dB and dC when given),
+    and the rows' sums added."""
     batch, seqlen, _, _ = x.shape
     _, _, ngroups, dstate = B.shape
     nchunks, chunk_size = dt.shape[2], dt.shape[3]
@@ -216,8 +218,9 @@ def _launch(dy: torch.Tensor, z: torch.Tensor | None, x: torch.Tensor, B: torch.
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
     runtime.run(SSD_DCB, (S, dB_state, dC_state, dy, z, x, Cx, dt.contiguous(), dA_cumsum.contiguous(),
                           prev_states.to(x.dtype), dstates.to(x.dtype), seq_idx, rows, cb))
-    dB = torch.empty((batch, seqlen, ngroups, dstate), dtype=x.dtype, device=x.device)
-    dC = torch.empty_like(dB)
+    if dB is None or dC is None:
+        dB = torch.empty((batch, seqlen, ngroups, dstate), dtype=x.dtype, device=x.device)
+        dC = torch.empty_like(dB)
     return runtime.run(SSD_DBDC_FROM_DCB, (dB, dC, S, dB_state, dC_state, Bx, Cx))
 
 

@@ -3,11 +3,13 @@
 Every activation-sized copy on the host is GPU memory traffic that no kernel accounts for. The
 kernels run for real (Helion ref mode on the CPU); a TorchDispatchMode records the copy ops
 (`copy_`, `cat`, `_to_copy`, `clone`) issued outside `runtime.run`, so what a kernel does inside
-is not counted. The forward copies nothing. The backward's activation-sized copies are its
-glue: dz and ddt written into their slices of the layer's gradient
-buffer, dx, dB and dC concatenated into the conv's gradient, and dB and dC summed from fp32 head
-partials where the dB/dC kernel splits a group's heads. Removing one needs a kernel that writes
-into the slice; this test then changes with it.
+is not counted. The forward copies nothing, and neither does the backward: its kernels write dz,
+ddt and the conv's dxBC into their slices of the layer's gradient buffer and the SSD's dx, dB and
+dC into the conv's output gradient, as mamba-ssm's fused backward does. The one exception is
+where the dB/dC kernel splits a group's heads into runs and torch sums their fp32 partials: the
+sum is cast into dB's and dC's slices (two copies; the runs-sum kernel path has none). (Without
+the norm, z gates the SSD: its split state-passing backward, `combined.split_state_passing_bwd`,
+gates dout with torch ops; the case without the norm runs the one walk.)
 """
 
 from __future__ import annotations
@@ -25,13 +27,27 @@ from mamba_tune.ssd import chunk_state_scan_bwd_dbdc
 pytestmark = pytest.mark.usefixtures("layer_ref_mode")
 
 
-def test_the_layers_host_copies_are_the_known_glue(monkeypatch):
+# One head per group: the dB/dC kernel runs each group's heads in one run (head_splits 1).
+ONE_RUN = {"ngroups": 4}
+
+
+@pytest.mark.parametrize("sum_path,options", [
+    pytest.param("torch", ONE_RUN, id="one-run"),
+    pytest.param("torch", {}, id="head-runs-torch-sum"),
+    pytest.param("kernel", {}, id="head-runs-kernel-sum"),
+    pytest.param("torch", {**ONE_RUN, "rmsnorm": False, "seq_idx": True, "initial_states": True},
+                 id="no-norm-seq_idx"),
+])
+def test_the_layers_host_copies(monkeypatch, sum_path, options):
+    monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", "fused")
+    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", sum_path)
     audit = HostCopies(monkeypatch)
-    layer = Layer.make(torch.bfloat16)
+    layer = Layer.make(torch.bfloat16, **options)
     b, L = layer.tensors["zxbcdt"].shape[:2]
     nheads, ngroups = layer.tensors["A"].shape[0], layer.kwargs["ngroups"]
-    dim = layer.tensors["rmsnorm_weight"].shape[0]
-    conv_dim, dstate = layer.tensors["conv1d_weight"].shape[0], (layer.tensors["conv1d_weight"].shape[0] - dim) // (2 * ngroups)
+    conv_dim = layer.tensors["conv1d_weight"].shape[0]
+    dim = layer.kwargs["headdim"] * nheads
+    dstate = (conv_dim - dim) // (2 * ngroups)
     leaves = layer.leaves()
     args, kw = layer.call_args(leaves)
     dout = torch.randn(b, L, layer.tensors["outproj_weight"].shape[0], generator=torch.Generator().manual_seed(1))
@@ -44,17 +60,18 @@ def test_the_layers_host_copies_are_the_known_glue(monkeypatch):
     # Activation-sized: (batch, seqlen, ...).
     big = Counter(s for s in audit.seen if s[1][:2] == (b, L))
     splits = chunk_state_scan_bwd_dbdc.head_splits(b, -(-L // layer.chunk_size), ngroups, nheads)
-    want = Counter({("copy_", (b, L, dim)): 1,  # dz into its slice of the gradient buffer
-                    ("copy_", (b, L, nheads)): 1,  # ddt into its slice
-                    ("cat", (b, L, conv_dim)): 1})  # dx, dB, dC into the conv's gradient
-    if splits > 1:  # dB and dC summed over the head runs' fp32 partials, then cast
-        want[("_to_copy", (b, L, ngroups, dstate))] = 2
+    assert (splits == 1) == (options.get("ngroups") == nheads)
+    want = Counter()
+    if splits > 1 and sum_path == "torch":  # dB and dC summed over the head runs' fp32 partials, cast into place
+        want[("copy_", (b, L, ngroups, dstate))] = 2
     assert big == want
-    # The rest are parameter-sized: the gradients of A and D, the conv weight and bias cast to
-    # their dtypes, and autograd's copy of the conv weight's gradient into its leaf.
+    # The rest are parameter-sized: the gradients of A and D, the conv weight and bias (and the
+    # initial states) cast to their dtypes, and autograd's copy of the conv weight's gradient
+    # into its leaf.
     small = [s for s in audit.seen if s[1][:2] != (b, L)]
     width = layer.tensors["conv1d_weight"].shape[1]
-    assert all(torch.Size(shape).numel() <= conv_dim * width for _, shape in small), small
+    most = max(conv_dim * width, b * dim * dstate)
+    assert all(torch.Size(shape).numel() <= most for _, shape in small), small
 
 
 @pytest.mark.parametrize("options", [

@@ -53,7 +53,8 @@ class _StageInputs:
 def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
-    args = (s.rows, s.ddA_last, i.dt, i.A, i.dt_bias, *map(float, i.dt_limit), i.chunk_size, i.dt_softplus)
+    args = (torch.empty_like(i.dt), s.rows, s.ddA_last, i.dt, i.A, i.dt_bias, *map(float, i.dt_limit), i.chunk_size,
+            i.dt_softplus)
 
     def outputs(res: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {"ddt": res[0].float(), "dA": res[1].sum(dim=(0, 1))}
