@@ -7,7 +7,7 @@ is not counted. The forward copies nothing, and neither does the backward: its k
 ddt and the conv's dxBC into their slices of the layer's gradient buffer and the SSD's dx, dB and
 dC into the conv's output gradient, as mamba-ssm's fused backward does. The one exception is
 where the dB/dC kernel splits a group's heads into runs and torch sums their fp32 partials: the
-sum is cast into dB's and dC's slices (two copies; the runs-sum kernel path has none). (Without
+sum is cast into dB's and dC's slices (two copies). (Without
 the norm, z gates the SSD: its split state-passing backward, `combined.split_state_passing_bwd`,
 gates dout with torch ops; the case without the norm runs the one walk.)
 """
@@ -31,16 +31,14 @@ pytestmark = pytest.mark.usefixtures("layer_ref_mode")
 ONE_RUN = {"ngroups": 4}
 
 
-@pytest.mark.parametrize("sum_path,options", [
-    pytest.param("torch", ONE_RUN, id="one-run"),
-    pytest.param("torch", {}, id="head-runs-torch-sum"),
-    pytest.param("kernel", {}, id="head-runs-kernel-sum"),
-    pytest.param("torch", {**ONE_RUN, "rmsnorm": False, "seq_idx": True, "initial_states": True},
+@pytest.mark.parametrize("options", [
+    pytest.param(ONE_RUN, id="one-run"),
+    pytest.param({}, id="head-runs"),
+    pytest.param({**ONE_RUN, "rmsnorm": False, "seq_idx": True, "initial_states": True},
                  id="no-norm-seq_idx"),
 ])
-def test_the_layers_host_copies(monkeypatch, sum_path, options):
+def test_the_layers_host_copies(monkeypatch, options):
     monkeypatch.setenv("MAMBA_TUNE_SSD_SP_BWD", "fused")
-    monkeypatch.setenv("MAMBA_TUNE_SSD_DBDC_SUM", sum_path)
     audit = HostCopies(monkeypatch)
     layer = Layer.make(torch.bfloat16, **options)
     b, L = layer.tensors["zxbcdt"].shape[:2]
@@ -62,7 +60,7 @@ def test_the_layers_host_copies(monkeypatch, sum_path, options):
     splits = chunk_state_scan_bwd_dbdc.head_splits(b, -(-L // layer.chunk_size), ngroups, nheads)
     assert (splits == 1) == (options.get("ngroups") == nheads)
     want = Counter()
-    if splits > 1 and sum_path == "torch":  # dB and dC summed over the head runs' fp32 partials, cast into place
+    if splits > 1:  # dB and dC summed over the head runs' fp32 partials, cast into place
         want[("copy_", (b, L, ngroups, dstate))] = 2
     assert big == want
     # The rest are parameter-sized: the gradients of A and D, the conv weight and bias (and the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune_cli.kernel_keys import bwd_partials, dbdc_head_runs
+from mamba_tune.keys import bwd_partials, dbdc_head_runs
 from autotune_cli.tuning.ssd.inputs import SSDInputs
 from mamba_tune.norm import gated
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc
