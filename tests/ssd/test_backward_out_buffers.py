@@ -93,12 +93,14 @@ def test_bad_buffers_are_value_errors():
 
 @pytest.mark.parametrize("norm_before_gate", [False, True], ids=["norm-after-gate", "norm-before-gate"])
 def test_the_norms_dz_written_into_a_given_slice_is_the_same_bits(norm_before_gate):
-    gen = torch.Generator().manual_seed(0)
+    # Where the norm runs: compiled on a GPU, in ref mode on a CPU (tests/conftest.py).
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(0)
     rows, d, gs = 40, 32, 16
-    y, dy = (torch.randn(rows, d, generator=gen).to(torch.bfloat16) for _ in range(2))
-    zxbcdt = torch.randn(rows, 3 * d, generator=gen).to(torch.bfloat16)
+    y, dy = (torch.randn(rows, d, generator=gen, device=dev).to(torch.bfloat16) for _ in range(2))
+    zxbcdt = torch.randn(rows, 3 * d, generator=gen, device=dev).to(torch.bfloat16)
     z = zxbcdt[:, d:2 * d]  # a column slice, as the fused layer passes z
-    w = (1 + 0.1 * torch.randn(d, generator=gen)).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(d, generator=gen, device=dev)).to(torch.bfloat16)
     _out, _mean, rstd = gated._fwd(y, z, w, None, 1e-5, gs, norm_before_gate, True)
     own = gated._bwd(dy, y, z, w, None, None, rstd, gs, norm_before_gate, True)
     grad = torch.full_like(zxbcdt, float("nan"))
