@@ -21,8 +21,9 @@ from mamba_tune.runtime import default_bundle_paths
 pytestmark = pytest.mark.slow
 
 
-# The lowering in interleaved parts (`--shard I/N`), one test each, so that pytest-xdist's workers
-# share it (as one test it ran for over 3 minutes on one worker while the other had little left).
+# The lowering in parts (`--shard I/N`: a share of the kernels with their bundle entries), one
+# test each, so that pytest-xdist's workers share it (as one test it ran for over 3 minutes on one
+# worker while the other had little left).
 SHARDS = 2
 
 
@@ -33,20 +34,23 @@ def test_default_configs_and_committed_bundles_lower(clean_env, index):
     assert e.returncode == 0 and not e.timed_out, \
         f"lowering shard {index}/{SHARDS}: {e.how()}; output: {(e.stdout + e.stderr)[-4000:] or '(empty)'}"
     assert "FAIL" not in e.stdout
-    # The shard's part of the work: the shards together lower every kernel and every bundle.
-    for kind, item in lowering.work_items()[index::SHARDS]:
-        if kind == "kernel":
-            assert f"ok   {item.name} " in e.stdout, item.name
-        else:
-            n = len(load_bundle(item).entries)
-            assert e.stdout.count(f"{item}: {n}/{n} configs lower") == 1, item
+    # The shard's part of the work: its kernels, and each bundle's entries of them.
+    kernels, in_part = lowering.shard(index, SHARDS)
+    for tk in kernels:
+        assert f"ok   {tk.name} " in e.stdout, tk.name
+    for path in find_bundles(default_bundle_paths()):
+        n = sum(map(in_part, load_bundle(path).entries.values()))
+        assert e.stdout.count(f"{path}: {n}/{n} configs lower") == 1, path
 
 
-def test_the_shards_together_cover_every_kernel_and_bundle():
-    work = lowering.work_items()
-    assert [item.name for kind, item in work if kind == "kernel"] == list(all_kernels())
-    assert [item for kind, item in work if kind == "bundle"] == find_bundles(default_bundle_paths())
-    assert sorted(i for s in range(SHARDS) for i in range(len(work))[s::SHARDS]) == list(range(len(work)))
+def test_the_shards_together_cover_every_kernel_and_bundle_entry():
+    parts = [lowering.shard(i, SHARDS) for i in range(SHARDS)]
+    assert sorted(tk.name for kernels, _ in parts for tk in kernels) == list(all_kernels())
+    entries = [e for path in find_bundles(default_bundle_paths()) for e in load_bundle(path).entries.values()]
+    assert entries and all(sum(in_part(e) for _, in_part in parts) == 1 for e in entries)
+    # An entry of a kernel no shard checks (a bundle from another version) is still lowered, by part 0.
+    unknown = entries[0].model_copy(update={"kernel": "no_such_kernel"})
+    assert [in_part(unknown) for _, in_part in parts] == [True] + [False] * (SHARDS - 1)
 
 
 def test_lowering_shards_reject_bad_arguments(clean_env):
