@@ -7,8 +7,12 @@ the committed bundles, and every option variant of the gated norm.
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import worker_processes
@@ -19,6 +23,7 @@ from mamba_tune.bundle import find_bundles, load_bundle
 from mamba_tune.runtime import default_bundle_paths
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # The lowering in parts (`--shard I/N`: a share of the kernels with their bundle entries), one
@@ -60,6 +65,41 @@ def test_lowering_shards_reject_bad_arguments(clean_env):
         assert r.returncode == 2 and r.stderr.strip(), bad
 
 
+# The three compiled-mode scripts below (norm variants, norm defaults, bad seeds) share one child
+# process (torch's, Helion's and the kernels' imports, about 6 s of CPU, once; the norm kernels
+# bound once), on one pytest-xdist worker. Each runs in its own namespace; its output, and the traceback where it raised, come back.
+NORM_GROUP = pytest.mark.xdist_group("norm-lowering")
+_SCRIPTS = r"""
+import contextlib, io, json, sys, traceback
+results = {}
+for name, code in json.loads(sys.stdin.read()).items():
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, f"<{name}>", "exec"), {"__name__": "__main__"})
+        results[name] = [True, out.getvalue()]
+    except BaseException:
+        results[name] = [False, out.getvalue() + traceback.format_exc()]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def norm_scripts() -> dict[str, list]:
+    return _run_norm_scripts()
+
+
+@functools.cache
+def _run_norm_scripts() -> dict[str, list]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HELION_INTERPRET", "PYTEST_CURRENT_TEST")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    scripts = {"variants": NORM_VARIANTS, "defaults": NORM_DEFAULTS, "bad_seeds": BAD_SEEDS}
+    e = worker_processes.run([sys.executable, "-c", _SCRIPTS], input_text=json.dumps(scripts), env=env,
+                             timeout_s=worker_processes.MIN_SECONDS)
+    assert e.returncode == 0 and not e.timed_out, f"the norm scripts' process: {e.how()}; {e.stderr_tail()}"
+    return json.loads(e.stdout.strip().splitlines()[-1])
+
+
 NORM_VARIANTS = """
 import itertools, torch
 from autotune_cli.lowering import lower
@@ -74,10 +114,10 @@ print("all variants lower")
 """
 
 
-def test_every_norm_variant_lowers(clean_env):
-    r = subprocess.run([sys.executable, "-c", NORM_VARIANTS], env=clean_env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and "all variants lower" in r.stdout, (r.stdout + r.stderr)[-4000:]
+@NORM_GROUP
+def test_every_norm_variant_lowers(norm_scripts):
+    ok, out = norm_scripts["variants"]
+    assert ok and "all variants lower" in out, out[-4000:]
 
 
 NORM_DEFAULTS = """
@@ -111,12 +151,12 @@ print("defaults ok")
 """
 
 
-def test_norm_kernels_name_their_default_and_the_others_use_helions(clean_env):
+@NORM_GROUP
+def test_norm_kernels_name_their_default_and_the_others_use_helions(norm_scripts):
     # What a shape with no entry runs, the search's accuracy baseline, and vs_default's
     # reference: Helion's default for the norm backward compiled for minutes at 47B.
-    r = subprocess.run([sys.executable, "-c", NORM_DEFAULTS], env=clean_env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and "defaults ok" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    ok, out = norm_scripts["defaults"]
+    assert ok and "defaults ok" in out, out[-4000:]
 
 
 def test_validate_lower_catches_a_config_the_code_rejects(clean_env, tmp_path):
@@ -179,12 +219,12 @@ for line in check_seeds(bad, dims, "bf16"):
 """
 
 
-def test_check_seeds_reports_seeds_helion_would_drop(clean_env):
-    r = subprocess.run([sys.executable, "-c", BAD_SEEDS], env=clean_env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    problems = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBLEM")]
-    assert len(problems) == 2, r.stdout
+@NORM_GROUP
+def test_check_seeds_reports_seeds_helion_would_drop(norm_scripts):
+    ok, out = norm_scripts["bad_seeds"]
+    assert ok, out[-4000:]
+    problems = [ln for ln in out.splitlines() if ln.startswith("PROBLEM")]
+    assert len(problems) == 2, out
     assert "[7, 1, 4]" in problems[0] and "rejected" in problems[0]
     assert "changed by Helion in ['indexing']" in problems[1]
 
@@ -236,3 +276,4 @@ def test_a_config_is_lowered_once_per_bound_kernel(monkeypatch):
         assert len(lowered) == 1
         other = helion.Config.from_dict({**dict(default), "num_warps": 2 if default["num_warps"] != 2 else 4})
         assert lowering.triton_source(bound, other) != code and len(lowered) == 2
+
