@@ -25,15 +25,21 @@
       seed: 0                            # autotuner random seed
     tolerances:                          # per dtype; a config passes when, per output,
       bf16: {atol: 0.01, factor: 2.0}    #   err(kernel) <= factor * err(eager torch in dtype) + atol
-    shipped:                             # optional: the part of this sweep the committed bundle
-      tp: [1]                            #   holds (`plan --shipped`, `check --shipped`); each key
-      seqlen: [8192]                     #   narrows the sweep's list of the same name: tp, batch,
-      kernels: [gated_norm_fwd]          #   seqlen, packed_sequences, dtypes, norm_weight_dtypes, kernels
+    shipped:                             # optional: the part of this sweep each committed bundle
+      h200: {tp: [1], seqlen: [8192]}    #   holds, per SKU of the target's arch (`plan --shipped
+      h100:                              #   --gpu SKU`, `check --shipped --gpu SKU`); each key
+        tp: [1]                          #   narrows the sweep's list of the same name: tp, batch,
+        kernels: [gated_norm_fwd]        #   seqlen, packed_sequences, dtypes, norm_weight_dtypes, kernels
+                                         #   (or flat, `shipped: {tp: [1]}`: the target's part)
 
 A spec is one whole sweep per model: `plan`, `sweep` and `check` take all of it. Its `shipped`
-section names the part of it that the bundle in the repository holds today, so that CI can check
-that part (`mamba-tune check SPEC --shipped`) while running the spec extends the bundle; a value
-there that the sweep does not have is an error.
+section names the part of it that the bundle of each SKU in the repository holds today
+(generated_configs/<sku>/), so that CI can check that part (`mamba-tune check SPEC --shipped
+--gpu SKU`) while running the spec extends the bundle; a value there that the sweep does not
+have is an error (autotune_cli/shipped.py).
+
+`plan` and `check` read a spec for another SKU of its target's arch with `--gpu SKU`
+(`load_spec(path, gpu=SKU)`): the same sweep, retargeted to SKU, with SKU's shipped part.
 
 Names (the spec's `name`, and `tune --name`) become file names (OUT/<sku>/<name>.json,
 its lock and its log folder), so they must match `limits.SAFE_NAME`: 1-100 characters from
@@ -141,19 +147,6 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-class Shipped(_Strict):
-    """The part of the sweep the committed bundle holds: each list narrows the sweep's list of the
-    same name (`tp`: every model's degrees; `batch`, `seqlen`: every model's, per-model ones too)."""
-
-    tp: list[PosInt] | None = Field(default=None, min_length=1)
-    batch: list[PosInt] | None = Field(default=None, min_length=1)
-    seqlen: list[PosInt] | None = Field(default=None, min_length=1)
-    packed_sequences: list[Annotated[bool, Field(strict=True)]] | None = Field(default=None, min_length=1)
-    dtypes: list[DtypeName] | None = Field(default=None, min_length=1)
-    norm_weight_dtypes: list[DtypeName] | None = Field(default=None, min_length=1)
-    kernels: list[str] | None = Field(default=None, min_length=1)
-
-
 class SpecModel(_Strict):
     name: str | None = None
 
@@ -175,7 +168,8 @@ class SpecModel(_Strict):
     kernels: Literal["all"] | list[str] = "all"
     budget: Budget = Budget()
     tolerances: dict[DtypeName, Tolerance] = Field(default_factory=dict)
-    shipped: Shipped | None = None
+    # Parsed once the sweep is resolved (autotune_cli.shipped): its lists narrow the sweep's.
+    shipped: dict[Any, Any] | None = None
 
 
 class ResolvedModel(_Strict):
@@ -206,6 +200,8 @@ class Spec(_Strict):
     kernels: list[str]
     budget: Budget
     tolerances: dict[str, Tolerance]
+    # The SKUs the spec's `shipped` section names a part for (the target's alone in its flat form).
+    shipped_skus: list[str] = []
 
 
 # --- YAML with line numbers ------------------------------------------------------------
@@ -312,9 +308,10 @@ def _pydantic_message(err: dict[str, Any]) -> str:
     return _short(msg, 300)
 
 
-def load_spec(path: str | Path, *, shipped: bool = False) -> Spec:
+def load_spec(path: str | Path, *, shipped: bool = False, gpu: str | None = None) -> Spec:
     """Read, validate and resolve a spec; raise SpecError with one line on any problem. With
-    `shipped`, the part of the sweep its `shipped` section names (an error if it has none)."""
+    `gpu` (a SKU of the target's arch), the spec retargeted to that SKU. With `shipped`, the part
+    of the sweep its `shipped` section names for that SKU (an error if it names none)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -330,7 +327,7 @@ def load_spec(path: str | Path, *, shipped: bool = False) -> Spec:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise SpecError(f"{p}:{line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
-    return parse_spec(text, source=str(p), stem=p.stem, shipped=shipped)
+    return parse_spec(text, source=str(p), stem=p.stem, shipped=shipped, gpu=gpu)
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
@@ -353,7 +350,8 @@ def _check_size(root: yaml.Node, source: str) -> None:
                 stack.extend(((k, depth + 1), (v, depth + 1)))
 
 
-def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec", shipped: bool = False) -> Spec:
+def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec", shipped: bool = False,
+               gpu: str | None = None) -> Spec:
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: over {MAX_SPEC_BYTES >> 20} MiB; a spec is a short YAML file")
     loader: _UniqueKeyLoader | None = None
@@ -389,55 +387,37 @@ def parse_spec(text: str, *, source: str = "<spec>", stem: str = "spec", shipped
         err = min(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
         raise fail(tuple(err["loc"]), _pydantic_message(err)) from None
     spec = _resolve(model, text, source, stem, fail)
-    # The shipped part is checked whenever the spec is read, so `validate` catches a bad one.
-    part = _shipped_part(spec, model.shipped, fail) if model.shipped is not None else None
-    if not shipped:
-        return spec
-    if part is None:
-        raise SpecError(f"{source}: no 'shipped' section: it names the part of the sweep the committed "
-                        "bundle holds (see autotune_cli/spec.py)")
-    return part
+    sku = spec.target.gpu if gpu is None else gpu
+    if why := gpu_problem(spec.target, sku):
+        raise SpecError(f"{source}: --gpu {why}")
+    # The shipped parts are checked whenever the spec is read, so `validate` catches a bad one.
+    parts: dict[str, Spec] = {}
+    if model.shipped is not None:
+        from autotune_cli.shipped import shipped_parts
+
+        parts = shipped_parts(model.shipped, spec, fail, _pydantic_message)
+    spec = spec.model_copy(update={"shipped_skus": list(parts)})
+    if shipped:
+        if sku not in parts:
+            has = f"it has a part for {', '.join(parts)} only" if parts else "it has no 'shipped' section"
+            raise SpecError(f"{source}: no 'shipped' section for {sku} ({has}): it names the part of the sweep "
+                            f"the committed bundle of {sku} holds (see autotune_cli/shipped.py)")
+        spec = parts[sku].model_copy(update={"shipped_skus": list(parts)})
+    if sku != spec.target.gpu:
+        spec = spec.model_copy(update={"target": Target(gpu=sku, arch=spec.target.arch and GPU_SKUS[sku].arch)})
+    return spec
 
 
-def _subset(values: list[Any], sweep: list[Any], field: str, fail: Any) -> list[Any]:
-    """`values` (shipped.FIELD) in the sweep's order; an error names one the sweep lacks or repeats."""
-    for i, v in enumerate(values):
-        if v not in sweep:
-            shown = ", ".join(str(x).lower() if isinstance(x, bool) else str(x) for x in sweep)
-            raise fail(("shipped", field, i), f"{str(v).lower() if isinstance(v, bool) else v} is not in "
-                       f"the sweep's {field} ({shown})")
-        if v in values[:i]:
-            raise fail(("shipped", field, i), f"{v} listed twice")
-    return [v for v in sweep if v in values]
-
-
-def _shipped_part(spec: Spec, shipped: Shipped, fail: Any) -> Spec:
-    """The Spec of the part of `spec` that `shipped` names: each of its lists narrows the sweep's."""
-    tps = list(dict.fromkeys(m.tp for m in spec.models))
-    batches = list(dict.fromkeys(b for m in spec.models for b in m.batch))
-    seqlens = list(dict.fromkeys(sl for m in spec.models for sl in m.seqlen))
-    tp = _subset(shipped.tp, tps, "tp", fail) if shipped.tp else tps
-    batch = _subset(shipped.batch, batches, "batch", fail) if shipped.batch else batches
-    seqlen = _subset(shipped.seqlen, seqlens, "seqlen", fail) if shipped.seqlen else seqlens
-    models = []
-    for m in spec.models:
-        keep_b, keep_sl = [b for b in m.batch if b in batch], [sl for sl in m.seqlen if sl in seqlen]
-        if m.tp in tp and keep_b and keep_sl:
-            models.append(m.model_copy(update={"batch": keep_b, "seqlen": keep_sl}))
-    if not models:
-        raise fail(("shipped",), "leaves no model shape (no model has a tp, batch and seqlen it keeps)")
-    update: dict[str, Any] = {"models": models}
-    for field in ("packed_sequences", "dtypes", "norm_weight_dtypes"):
-        if getattr(shipped, field):
-            update[field] = _subset(getattr(shipped, field), getattr(spec, field), field, fail)
-    if shipped.kernels:
-        _subset(shipped.kernels, spec.kernels, "kernels", fail)
-        update["kernels"] = list(shipped.kernels)  # the section's order, as a spec's own list
-    weights = update.get("norm_weight_dtypes", spec.norm_weight_dtypes)
-    for d in update.get("dtypes", spec.dtypes):
-        if "fp32" not in weights and d not in weights:
-            raise fail(("shipped", "norm_weight_dtypes"), f"dtype {d} gets no norm weight dtype: list fp32 or {d}")
-    return spec.model_copy(update=update)
+def gpu_problem(target: Target, sku: str) -> str | None:
+    """Why a spec for `target` cannot be read for GPU `sku` (`--gpu`): unknown, or of another arch."""
+    arch = GPU_SKUS[target.gpu].arch
+    same = ", ".join(s for s, g in GPU_SKUS.items() if g.arch == arch)
+    if sku not in GPU_SKUS:
+        return f"{sku!r}: unknown GPU SKU; known: {', '.join(GPU_SKUS)}"
+    if GPU_SKUS[sku].arch != arch:
+        return (f"{sku} is {GPU_SKUS[sku].arch}, but the spec targets {target.gpu} ({arch}); "
+                f"give a SKU of {arch}: {same}")
+    return None
 
 
 def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> Spec:

@@ -337,3 +337,77 @@ def test_a_bad_shipped_section_is_one_line_even_without_the_flag(section: str, e
     for shipped in (False, True):
         with pytest.raises(SpecError, match="^" + re.escape(expected)):
             parse_spec(text, source="t.yaml", shipped=shipped)
+
+
+PER_SKU = SHIPPED_BASE + ("shipped:\n  h200:\n    tp: [1, 2]\n    seqlen: [8192]\n"
+                          "  h100: {tp: [1], packed_sequences: [false], kernels: [gated_norm_bwd]}\n")
+
+
+def test_the_shipped_section_names_a_part_per_sku():
+    whole = parse_spec(PER_SKU, source="t.yaml")
+    assert whole.shipped_skus == ["h200", "h100"] and whole.target.gpu == "h200"
+    h200 = parse_spec(PER_SKU, source="t.yaml", shipped=True)
+    h100 = parse_spec(PER_SKU, source="t.yaml", shipped=True, gpu="h100")
+    assert parse_spec(PER_SKU, source="t.yaml", shipped=True, gpu="h200") == h200
+    assert [(m.tp, m.seqlen) for m in h200.models] == [(1, [8192]), (2, [8192])]
+    assert (h200.kernels, h200.packed_sequences) == (["gated_norm_fwd", "gated_norm_bwd"], [False, True])
+    # The h100 part is read for the h100: the same sweep, retargeted, narrowed by its own lists.
+    assert (h100.target.gpu, h100.target.arch) == ("h100", "sm90")
+    assert [(m.name, m.tp, m.seqlen) for m in h100.models] == [("nemotron-3-nano-30b", 1, [8192, 4096]), ("custom", 1, [1024])]
+    assert (h100.kernels, h100.packed_sequences) == (["gated_norm_bwd"], [False])
+    assert {c.kernel for c in plan(h100)} == {"gated_norm_bwd"}
+    # --gpu without --shipped: the whole sweep for that SKU.
+    assert parse_spec(PER_SKU, source="t.yaml", gpu="h100") == whole.model_copy(
+        update={"target": whole.target.model_copy(update={"gpu": "h100"})})
+    # The flat form is the target's part: the same as naming it under the target.
+    flat = SHIPPED_BASE + "shipped:\n  tp: [1, 2]\n  seqlen: [8192]\n"
+    assert parse_spec(flat, source="t.yaml").shipped_skus == ["h200"]
+    assert plan(parse_spec(flat, source="t.yaml", shipped=True)) == plan(h200)
+    # A SKU the section does not name: an error naming the file and the SKU.
+    for text, has in ((flat, "for h200 only"), (PER_SKU.replace("  h100: {", "  gh200: {"), "for h200, gh200 only")):
+        with pytest.raises(SpecError, match="^" + re.escape(f"t.yaml: no 'shipped' section for h100 (it has a part {has})")):
+            parse_spec(text, source="t.yaml", shipped=True, gpu="h100")
+
+
+@pytest.mark.parametrize("section, expected", [
+    ("  h300: {tp: [1]}\n", "t.yaml:24: shipped.h300: unknown key 'h300'; did you mean 'h200'?"),
+    ("  b200: {tp: [1]}\n", "t.yaml:24: shipped.b200: b200 is sm100, but the spec targets h200 (sm90); a section is "
+                            "for a SKU of sm90 (h100, h200, gh200)"),
+    ("  tp: [1]\n  h100: {tp: [1]}\n", "t.yaml:25: shipped.h100: mixes per-SKU sections (h100) with the flat form "
+                                       "(tp); put every list under its SKU, e.g. h200: {tp: ...}"),
+    ("  h100: {tp: [8]}\n", "t.yaml:24: shipped.h100.tp[0]: 8 is not in the sweep's tp (1, 2, 4)"),
+    ("  h100:\n    kernels: [gated_norm_fwd, ssd_bmm]\n",
+     "t.yaml:25: shipped.h100.kernels[1]: ssd_bmm is not in the sweep's kernels"),
+    ("  h100: {colour: [red]}\n", "t.yaml:24: shipped.h100.colour: unknown key 'colour'; known keys here: tp, batch"),
+    ("  h100: [1]\n", "t.yaml:24: shipped.h100: the part shipped for h100 is a mapping of lists (tp, batch"),
+    ("  h200: {tp: [1]}\n  h100:\n    tp: [4]\n    seqlen: [1024]\n", "t.yaml:25: shipped.h100: leaves no model shape"),
+])
+def test_a_bad_per_sku_shipped_section_is_one_line(section: str, expected: str) -> None:
+    text = SHIPPED_BASE + "shipped:\n" + section
+    for gpu in ("h200", "h100"):
+        with pytest.raises(SpecError, match="^" + re.escape(expected)) as e:
+            parse_spec(text, source="t.yaml", shipped=True, gpu=gpu)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("gpu, expected", [
+    ("h300", "t.yaml: --gpu 'h300': unknown GPU SKU; known: a100, "),
+    ("b200", "t.yaml: --gpu b200 is sm100, but the spec targets h200 (sm90); give a SKU of sm90: h100, h200, gh200"),
+])
+def test_reading_a_spec_for_an_unknown_sku_or_one_of_another_arch_is_one_line(gpu: str, expected: str) -> None:
+    for shipped in (False, True):
+        with pytest.raises(SpecError, match="^" + re.escape(expected)):
+            parse_spec(PER_SKU, source="t.yaml", shipped=shipped, gpu=gpu)
+
+
+def test_sweep_shipped_tunes_the_part_of_the_gpu_it_runs_on_when_the_spec_names_it():
+    from autotune_cli.shipped import sweep_section
+
+    named = ["h200", "h100"]
+    assert sweep_section("h200", named, "h200", allow_gpu_mismatch=False) == "h200"
+    # On an H100, the h100 part, but only where --allow-gpu-mismatch lets the sweep run there at all.
+    assert sweep_section("h200", named, "h100", allow_gpu_mismatch=True) == "h100"
+    assert sweep_section("h200", named, "h100", allow_gpu_mismatch=False) == "h200"
+    # A GPU the spec names no part for, or none known (a Slurm array, a dry run): the target's part.
+    assert sweep_section("h200", named, "gh200", allow_gpu_mismatch=True) == "h200"
+    assert sweep_section("h200", named, None, allow_gpu_mismatch=True) == "h200"
