@@ -19,14 +19,16 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout.")] = False,
     gpus: Annotated[int, typer.Option(metavar="N", help="GPUs the sweep will spread over (for the estimate).", min=1)] = 1,
     shipped: Annotated[bool, typer.Option("--shipped", help="Only the part of the sweep the spec's `shipped` "
-                                          "section names (what the committed bundle holds).")] = False,
+                                          "section names for the --gpu SKU (what its committed bundle holds).")] = False,
+    gpu: Annotated[str | None, typer.Option(metavar="SKU", help="Plan for this GPU SKU, one of the spec target's arch "
+                                            "(default: the spec's target GPU).")] = None,
 ) -> None:
     """List the exact, de-duplicated (kernel, shape, dtype) combos of SPEC and estimate the time."""
     from autotune_cli.plan import estimate_seconds_for, plan
     from autotune_cli.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(spec_path, shipped=shipped)
+        spec = load_spec(spec_path, shipped=shipped, gpu=gpu)
     except SpecError as e:
         fail(str(e))
     combos = plan(spec)
@@ -54,7 +56,10 @@ def plan_command(
               + (f", {b.seconds_per_combo} s per combo" if b.seconds_per_combo else ""))
     h, m = divmod(int(total) // 60, 60)
     out.print(f"estimate: about {per / 60:.1f} min per combo, {h}h{m:02d}m in all on {gpus} GPU(s)")
-    err.print(f"run it on a {spec.target.gpu} machine with: mamba-tune sweep {spec_path}", markup=False)
+    run = f"mamba-tune sweep {spec_path}" + (" --shipped" if shipped else "")
+    if gpu is not None and gpu != load_spec(spec_path).target.gpu:
+        run += " --allow-gpu-mismatch"  # the spec targets another SKU of this arch
+    err.print(f"run it on a {spec.target.gpu} machine with: {run}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -86,7 +86,9 @@ def check_command(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (YAML).", exists=True,
                                               dir_okay=False)],
     bundles: Annotated[Path, typer.Option(metavar="DIR", help="Bundle root: the bundles checked are DIR/SKU/*.json, "
-                                                              "SKU the spec's target GPU.",
+                                                              "SKU the --gpu (default: the spec's target GPU); "
+                                                              "entries of other SKUs' folders (siblings) never count "
+                                                              "as covered (status sibling).",
                                           exists=True, file_okay=False)],
     helion_version: Annotated[str | None, typer.Option(metavar="VERSION",
         help="Expected helion version (default: the one recorded in the newest bundle of the set).")] = None,
@@ -96,7 +98,10 @@ def check_command(
         help="Expected triton version (default: the one recorded in the newest bundle of the set).")] = None,
     fmt: FormatOpt = OutputFormat.table,
     shipped: Annotated[bool, typer.Option("--shipped", help="Check only the part of the sweep the spec's "
-                                          "`shipped` section names (what the committed bundle holds).")] = False,
+                                          "`shipped` section names for the --gpu SKU (what its committed bundle "
+                                          "holds).")] = False,
+    gpu: Annotated[str | None, typer.Option(metavar="SKU", help="Check the bundles of this GPU SKU, one of the spec "
+                                            "target's arch (default: the spec's target GPU).")] = None,
 ) -> None:
     """Coverage gate: every combo of SPEC has a fresh entry (kernel source and versions) for its GPU."""
     from autotune_cli.review import check as c
@@ -104,7 +109,7 @@ def check_command(
     from mamba_tune.bundle import BundleError
 
     try:
-        spec = load_spec(spec_path, shipped=shipped)
+        spec = load_spec(spec_path, shipped=shipped, gpu=gpu)
         result = c.check_coverage(spec, bundles, {"helion": helion_version, "torch": torch_version,
                                                   "triton": triton_version})
     except (SpecError, BundleError) as e:

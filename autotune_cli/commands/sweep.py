@@ -27,7 +27,7 @@ from mamba_tune.keys import all_keys
 
 if TYPE_CHECKING:
     from autotune_cli.plan import Combo
-    from autotune_cli.spec import Budget, Tolerance
+    from autotune_cli.spec import Budget, Spec, Tolerance
     from autotune_cli.sweep_job import SweepJob, SweepResult
     from mamba_tune.bundle import SpecRef
 
@@ -172,6 +172,24 @@ def _record_source(path: Path, *, force: bool, gpu: str | None, name: str | None
                               str(path), "record")
 
 
+def _shipped_sku(spec: Spec, gpus: str | None, allow_gpu_mismatch: bool, no_local_gpu: bool) -> str:
+    """The SKU whose `shipped` part `sweep --shipped` tunes (`shipped.sweep_section`): the local GPU's
+    when the spec names one for it (a Slurm array's or a dry run's GPU is the target's)."""
+    from autotune_cli.shipped import sweep_section
+
+    running = None
+    if allow_gpu_mismatch and not no_local_gpu and set(spec.shipped_skus) - {spec.target.gpu}:
+        from autotune_cli import environment as env  # torch
+
+        first = (_parse_gpus(gpus) or [0])[0]
+        if 0 <= first < env.cuda_device_count():  # else the sweep says what is wrong with --gpus
+            running = env.gpu_info(first).sku
+    sku = sweep_section(spec.target.gpu, spec.shipped_skus, running, allow_gpu_mismatch)
+    if sku != spec.target.gpu:
+        err.print(f"--shipped: the part {spec.path} names for {sku}, the GPU this sweep runs on", markup=False)
+    return sku
+
+
 def sweep_command(
     spec_path: Annotated[Path | None, typer.Argument(
         metavar="SPEC", help="Sweep spec (YAML); or give --from-record.", exists=True, dir_okay=False)] = None,
@@ -199,7 +217,9 @@ def sweep_command(
     warm_start: WarmOpt = None,
     fresh_workers: FreshOpt = False,
     shipped: Annotated[bool, typer.Option("--shipped", help="Only the part of the sweep the spec's `shipped` "
-                                          "section names (what the committed bundle holds).")] = False,
+                                          "section names (what the committed bundle holds): the target's part, or "
+                                          "with --allow-gpu-mismatch that of the GPU it runs on if the spec names "
+                                          "one.")] = False,
     executor: ExecutorOpt = Executor.local,
     slurm_partition: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the partition to submit to.")] = None,
     slurm_account: Annotated[str | None, typer.Option(metavar="NAME", help="slurm: the account to charge.")] = None,
@@ -214,7 +234,7 @@ def sweep_command(
 ) -> None:
     """Tune every combo of SPEC (or of a call record) on this machine's GPUs and write the bundle (resumable)."""
     # The spec first, torch-free: a bad spec is refused in a second, before torch and helion load.
-    from autotune_cli.spec import Spec, SpecError, load_spec
+    from autotune_cli.spec import SpecError, load_spec
 
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")
@@ -225,7 +245,10 @@ def sweep_command(
         if gpu is not None or name is not None:
             fail("--gpu and --name go with --from-record; a spec names its target and bundle")
         try:
-            spec = load_spec(spec_path, shipped=shipped)
+            spec = load_spec(spec_path)
+            if shipped:
+                spec = load_spec(spec_path, shipped=True, gpu=_shipped_sku(spec, gpus, allow_gpu_mismatch,
+                                                                            cpu_dry_run or executor != Executor.local))
         except SpecError as e:
             fail(str(e))
     from autotune_cli.plan import plan, runs_for, short_timeout_warning

@@ -1,7 +1,8 @@
-"""The coverage gate on the repository as shipped: the part of each spec in sweeps/ that its
-`shipped` section names is covered by the committed bundles (`mamba-tune check --shipped`, the
-command CI runs), each entry fresh (kernel source hash, versions) and its config accepted by its
-kernel's config space.
+"""The coverage gate on the repository as shipped: for each SKU with a committed bundle
+(generated_configs/<sku>/), the part of each spec in sweeps/ that its `shipped` section names for
+that SKU is covered by that SKU's bundles (`mamba-tune check --shipped --gpu SKU`, the command CI
+runs), each entry fresh (kernel source hash, versions) and its config accepted by its kernel's
+config space. Entries of another SKU never count (check reads DIR/<sku>/ only).
 
 The rest of each spec (every kernel, the backward's too, more seqlens and TP degrees) extends the
 same bundle when run on the GPU; it is not expected to be covered yet, and `check` without
@@ -17,22 +18,35 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune_cli.app import app
+from autotune_cli.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
 
-def test_every_preset_has_one_spec_with_a_shipped_part():
+# (spec, SKU) for every SKU the spec's `shipped` section names a part for. One process checks
+# them all where it can: the config spaces Helion builds (most of the time) are cached per kernel
+# shape, and the specs share shapes (Mamba2 and Zamba2's norm, a TP2 shape and a smaller model's).
+CASES = [(p, sku) for p in SPECS for sku in load_spec(p).shipped_skus]
+
+
+def test_every_preset_has_one_spec_with_a_shipped_part_per_committed_sku():
     assert len(SPECS) >= 6
+    skus = sorted(d.name for d in (ROOT / "generated_configs").iterdir() if d.is_dir())
+    assert skus == ["h100", "h200"]
     for spec in SPECS:
         assert "\nshipped:\n" in spec.read_text(encoding="utf-8"), spec.name
-        assert (ROOT / "generated_configs" / "h200" / f"{spec.stem}.json").is_file(), spec.name
+        # A part for every SKU folder, and a bundle of the spec's in each.
+        assert sorted(load_spec(spec).shipped_skus) == skus, spec.name
+        for sku in skus:
+            assert (ROOT / "generated_configs" / sku / f"{spec.stem}.json").is_file(), (spec.name, sku)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
-def test_shipped_part_is_covered_by_the_shipped_bundles(spec):
-    r = CliRunner().invoke(app, ["check", str(spec), "--shipped", "--bundles", str(ROOT / "generated_configs")])
+@pytest.mark.parametrize("spec, sku", CASES, ids=[f"{p.stem}-{sku}" for p, sku in CASES])
+def test_shipped_part_is_covered_by_the_shipped_bundles(spec: Path, sku: str) -> None:
+    r = CliRunner().invoke(app, ["check", str(spec), "--shipped", "--gpu", sku,
+                                 "--bundles", str(ROOT / "generated_configs")])
     assert r.exit_code == 0, r.output
 
 

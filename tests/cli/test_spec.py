@@ -48,10 +48,16 @@ def test_shipped_specs_are_valid():
                                        "zamba2-2.7b", "falcon-h1-0.5b"}
     assert not (ROOT / "sweeps/planned").exists()  # one spec per model: its shipped part is a section
     for p in specs:
-        spec, shipped = load_spec(p), load_spec(p, shipped=True)
-        assert spec.name == shipped.name == p.stem
-        full, part = {c.key for c in plan(spec)}, {c.key for c in plan(shipped)}
-        assert part and part < full, p.stem
+        spec = load_spec(p)
+        # Each names the part of its sweep that the h200 and the h100 bundle hold.
+        assert spec.shipped_skus == ["h200", "h100"], p.stem
+        full = {c.key for c in plan(spec)}
+        for sku in spec.shipped_skus:
+            shipped = load_spec(p, shipped=True, gpu=sku)
+            assert (shipped.name, shipped.target.gpu) == (p.stem, sku)
+            part = {c.key for c in plan(shipped)}
+            assert part and part < full, (p.stem, sku)
+        assert load_spec(p, shipped=True) == load_spec(p, shipped=True, gpu="h200")
 
 
 def test_nemotron_nano_spec_covers_tp_and_seqlens():
