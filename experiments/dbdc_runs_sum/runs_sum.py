@@ -70,12 +70,16 @@ RUNS_SUM = runtime.RuntimeKernel(
 )
 
 
-def sum_runs(dB_part: torch.Tensor, dC_part: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dB, dC) in `dtype` from the dB/dC kernel's two buffers, folded by the kernel (one run: as is)."""
-    if dB_part.size(0) == 1:
-        return dbdc.sum_splits(dB_part, dtype), dbdc.sum_splits(dC_part, dtype)
-    dB = torch.empty(dB_part.shape[1:], dtype=dtype, device=dB_part.device)
-    dC = torch.empty_like(dB)
+def sum_runs(dB_part: torch.Tensor, dC_part: torch.Tensor, dtype: torch.dtype, dB: torch.Tensor | None = None,
+             dC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dB, dC) in `dtype` from the dB/dC kernel's two buffers, folded by the kernel (one run: as
+    is), into dB and dC when given (the runtime's `sum_runs` signature: the fused backward passes
+    its gradient buffer's slices)."""
+    if dB_part.size(0) == 1 or dB is None or dC is None:
+        if dB_part.size(0) == 1:
+            return dbdc.sum_splits(dB_part, dtype), dbdc.sum_splits(dC_part, dtype)
+        dB = torch.empty(dB_part.shape[1:], dtype=dtype, device=dB_part.device)
+        dC = torch.empty_like(dB)
     return runtime.run(RUNS_SUM, (dB_part, dC_part, dB, dC))
 
 
