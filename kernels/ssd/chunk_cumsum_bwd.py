@@ -103,8 +103,9 @@ def _launch(rows: torch.Tensor, ddA_last: torch.Tensor, dt: torch.Tensor, A: tor
     """Returns (ddt like dt, dA (nheads,) fp32, ddt_bias (nheads,) fp32 or None). ddt: where to
     write it (like dt, a unit last stride: the fused layer's slice of its gradient buffer); None:
     a new buffer."""
-    args = (torch.empty_like(dt) if ddt is None else ddt, rows, ddA_last, dt, A.contiguous(), None if dt_bias is None else dt_bias.contiguous(),
-            float(dt_limit[0]), float(dt_limit[1]), int(chunk_size), bool(dt_softplus))
+    args = (torch.empty_like(dt) if ddt is None else ddt, rows, ddA_last, dt, A.contiguous(),
+            None if dt_bias is None else dt_bias.contiguous(), float(dt_limit[0]), float(dt_limit[1]),
+            int(chunk_size), bool(dt_softplus))
     ddt, dA_part, dbias_part = runtime.run(SSD_CHUNK_CUMSUM_BWD, args)
     return ddt, dA_part.sum(dim=(0, 1)), None if dt_bias is None else dbias_part.sum(dim=(0, 1))
 

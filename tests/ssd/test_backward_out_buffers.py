@@ -1,14 +1,15 @@
 """The SSD backward and the gated norm's backward writing their gradients into given buffers
 (the fused layer's slices of its gradient buffers, mamba-ssm's `dx=, ddt=, dB=, dC=, dz=`): the
-same bits as into their own buffers, in the given memory, at any row stride (CPU, ref mode)."""
+same bits as into their own buffers, in the given memory, at any row stride (the SSD's in ref mode on
+the CPU; the norm's where it runs)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mamba_tune.keys import bwd_partials, dbdc_head_runs
 from autotune_cli.tuning.ssd.inputs import SSDInputs
+from mamba_tune.keys import bwd_partials, dbdc_head_runs
 from mamba_tune.norm import gated
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc
 from mamba_tune.ssd.combined import ssd_backward

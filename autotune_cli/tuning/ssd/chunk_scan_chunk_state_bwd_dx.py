@@ -22,8 +22,8 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     rows = torch.zeros((3, keys.row_slots(P, i.C.shape[3]), b, H, nc * Q), dtype=torch.float32, device=device)
     dD_part = torch.zeros((b, -(-L // kernel.SLOT), H, P), dtype=torch.float32, device=device)
     dz = None if i.z is None else torch.empty_like(i.z)
-    args = (rows, dD_part, dz, torch.empty_like(i.x), s.dy, i.z, i.x, i.B, i.C, s.cb, s.dt_out, s.dA_cumsum, s.prev_states_lowp, dstates,
-            kernel_common.expand_D(i.D, H, P), i.seq_idx)
+    args = (rows, dD_part, dz, torch.empty_like(i.x), s.dy, i.z, i.x, i.B, i.C, s.cb, s.dt_out, s.dA_cumsum,
+            s.prev_states_lowp, dstates, kernel_common.expand_D(i.D, H, P), i.seq_idx)
 
     def ref(lowp: bool) -> dict[str, torch.Tensor]:
         g = s.stage_grads(lowp)
