@@ -7,6 +7,12 @@ change) and every config field that differs, old -> new. A regression is an entr
 present on both sides that got slower (tuned_ms) by more than a threshold, or lost
 more than that fraction of its speedup vs the baseline (mamba-ssm).
 
+Times recorded on different cards do not compare: where a pair's bundles name different GPU
+SKUs (generated_configs/h200 against generated_configs/h100, the review of a new SKU's
+bundles), its entries' times are listed but not counted as faster or slower and never make a
+regression; the summary says so and names the command that compares the configs on one card
+(`mamba-tune verify NEW --against OLD`).
+
 Three renderings: a rich table for the terminal, markdown for a PR comment (a summary
 line, then sections), and JSON for machines.
 """
@@ -48,11 +54,12 @@ class EntryDiff:
     new: Entry | None
     parts: tuple[str, ...] = ()  # which of _ENTRY_PARTS differ
     config: tuple[Change, ...] = ()
+    cards: tuple[str, str] | None = None  # (old SKU, new SKU) where the two were timed on different cards
 
     @property
     def tuned_ms_pct(self) -> float | None:
-        """Change of the tuned time in percent (positive: slower)."""
-        if self.old is None or self.new is None:
+        """Change of the tuned time in percent (positive: slower); None across cards."""
+        if self.old is None or self.new is None or self.cards is not None:
             return None
         return (self.new.timing.tuned_ms / self.old.timing.tuned_ms - 1.0) * 100.0
 
@@ -71,8 +78,8 @@ class EntryDiff:
 
     @property
     def vs_baseline_loss_pct(self) -> float | None:
-        """Speedup vs the baseline lost, in percent of the old speedup (positive: worse)."""
-        if self.old is None or self.new is None:
+        """Speedup vs the baseline lost, in percent of the old speedup (positive: worse); None across cards."""
+        if self.old is None or self.new is None or self.cards is not None:
             return None
         a, b = self.old.speedup.vs_baseline, self.new.speedup.vs_baseline
         return None if a is None or b is None else (a - b) / a * 100.0
@@ -142,6 +149,7 @@ class Diff:
             "configs_changed": sum(bool(e.config) for _, e in changed),
             "faster": sum(p < 0 for p in pcts),
             "slower": sum(p > 0 for p in pcts),
+            "other_card": sum(e.cards is not None for _, e in changed + self.entries("unchanged")),
             "failures_added": sum(f.kind == "added" for b in self.bundles for f in b.failures),
             "failures_removed": sum(f.kind == "removed" for b in self.bundles for f in b.failures),
             "failures_changed": sum(f.kind == "changed" for b in self.bundles for f in b.failures),
@@ -182,20 +190,23 @@ def provenance_changes(old: Bundle, new: Bundle) -> tuple[Change, ...]:
     return _changes(a, b)
 
 
-def entry_diff(key: str, old: Entry | None, new: Entry | None) -> EntryDiff:
+def entry_diff(key: str, old: Entry | None, new: Entry | None, cards: tuple[str, str] | None = None) -> EntryDiff:
     if old is None:
         return EntryDiff(key, "added", None, new)
     if new is None:
         return EntryDiff(key, "removed", old, None)
     a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
     parts = tuple(p for p in _ENTRY_PARTS if a[p] != b[p])
-    return EntryDiff(key, "changed" if parts else "unchanged", old, new, parts, config_changes(old.config, new.config))
+    return EntryDiff(key, "changed" if parts else "unchanged", old, new, parts, config_changes(old.config, new.config),
+                     cards)
 
 
 def bundle_diff(path: str, old: Bundle | None, new: Bundle | None) -> BundleDiff:
     old_entries = old.entries if old else {}
     new_entries = new.entries if new else {}
-    entries = tuple(entry_diff(k, old_entries.get(k), new_entries.get(k))
+    skus = (old.provenance.gpu.sku, new.provenance.gpu.sku) if old is not None and new is not None else None
+    cards = skus if skus is not None and skus[0] != skus[1] else None
+    entries = tuple(entry_diff(k, old_entries.get(k), new_entries.get(k), cards)
                     for k in sorted(set(old_entries) | set(new_entries)))
     old_fail = old.failures if old else {}
     new_fail = new.failures if new else {}
@@ -267,6 +278,8 @@ def _x(v: float | None) -> str:
 def _tuned_cell(e: EntryDiff) -> str:
     if e.old is None or e.new is None:
         return _ms(e.new or e.old)
+    if e.cards is not None:
+        return f"{_ms(e.old)} ({e.cards[0]}) -> {_ms(e.new)} ({e.cards[1]})"
     pct = e.tuned_ms_pct
     assert pct is not None
     return f"{_ms(e.old)} -> {_ms(e.new)} ({pct:+.1f}%)"
@@ -306,11 +319,18 @@ def summary_line(diff: Diff, regs: list[Regression] | None, pct: float | None) -
         bundles = f"{s['bundles_changed']} bundle(s) changed"
         if s["bundles_added"] or s["bundles_removed"]:
             bundles += f" ({s['bundles_added']} new, {s['bundles_removed']} removed)"
+        same_card = s["entries_changed"] - sum(e.cards is not None for _, e in diff.entries("changed"))
+        timed = f"; {s['faster']} faster, {s['slower']} slower" if same_card or not s["other_card"] else ""
         text = (f"{bundles}; entries +{s['entries_added']} -{s['entries_removed']} ~{s['entries_changed']} "
-                f"({s['configs_changed']} config(s) changed; {s['faster']} faster, {s['slower']} slower); "
+                f"({s['configs_changed']} config(s) changed{timed}); "
                 f"failures +{s['failures_added']} -{s['failures_removed']}"
                 + (f" ~{s['failures_changed']}" if s["failures_changed"] else "")
                 + (f"; {s['provenance_changes']} provenance change(s)" if s["provenance_changes"] else ""))
+        if s["other_card"]:
+            pairs = sorted({e.cards for _, e in diff.entries("changed") + diff.entries("unchanged") if e.cards})
+            text += (f"; {s['other_card']} entries timed on different cards ("
+                     + ", ".join(f"{a} -> {b}" for a, b in pairs)
+                     + "): their times are not compared, `mamba-tune verify NEW --against OLD` on one card does")
     if regs is not None and pct is not None:
         text += f"; {len(regs)} regression(s) over {pct:g}%" if regs else f"; no regression over {pct:g}%"
     return text
@@ -345,7 +365,7 @@ def to_json(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
             "provenance": [change(c) for c in b.provenance],
             "entries": [{
                 "key": e.key, "kind": e.kind, "parts": list(e.parts), "config": [change(c) for c in e.config],
-                "tuned_ms_pct": e.tuned_ms_pct, "vs_default_delta": e.vs_default_delta,
+                "tuned_ms_pct": e.tuned_ms_pct, "cards": list(e.cards) if e.cards else None, "vs_default_delta": e.vs_default_delta,
                 "vs_baseline_delta": e.vs_baseline_delta, "old": _timing_json(e.old), "new": _timing_json(e.new),
             } for e in b.entries if e.kind != "unchanged"],
             "failures": [{"key": f.key, "kind": f.kind, "old_reason": f.old.reason if f.old else None,

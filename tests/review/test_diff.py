@@ -302,3 +302,43 @@ def test_non_finite_numbers_are_bad_input_not_invalid_json_output(tmp_path: Path
     assert res.stdout == ""
     res = runner.invoke(app, ["show", str(nan)])  # never a "nanx" speedup
     assert res.exit_code == 2 and "nanx" not in res.output
+
+
+def test_times_on_different_cards_are_not_compared(tmp_path: Path) -> None:
+    """A new SKU's bundles against a sibling's (h200 -> h100): the configs are compared, the
+    times were taken on two cards, so no entry is faster, slower or a regression."""
+    old = fx.write(fx.bundle([fx.entry(BWD, fx.norm_dims(16384), tuned=0.10, baseline=0.30),
+                              fx.entry(FWD, fx.norm_dims(16384), tuned=0.10)]), tmp_path / "h200" / "n.json")
+    new = fx.write(fx.bundle([fx.entry(BWD, fx.norm_dims(16384), tuned=0.20, baseline=0.30),
+                              fx.entry(FWD, fx.norm_dims(16384), tuned=0.10,
+                                       cfg=fx.config(num_warps=8, block_sizes=[64, 1], pid_type="flat"))],
+                             gpu=fx.H100), tmp_path / "h100" / "n.json")
+    d = diff_sets(load_source(str(old)), load_source(str(new)))
+    assert regressions(d, 1) == []
+    s = d.summary()
+    assert (s["faster"], s["slower"], s["other_card"], s["configs_changed"]) == (0, 0, 2, 1)
+    md = to_markdown(d)
+    assert "(1 config(s) changed)" in md.splitlines()[0]
+    assert "2 entries timed on different cards (h200 -> h100)" in md.splitlines()[0]
+    assert "0.1000 (h200) -> 0.2000 (h100)" in md
+    res = runner.invoke(app, ["diff", str(old), str(new), "--format", "json", "--fail-on-regression", "1"])
+    assert res.exit_code == 0, res.output
+    assert {tuple(e["cards"]) for e in json.loads(res.stdout)["bundles"][0]["entries"]} == {("h200", "h100")}
+    # The same entries timed on one card are compared: the 2x slower one is a regression.
+    same = fx.write(fx.bundle([fx.entry(BWD, fx.norm_dims(16384), tuned=0.20, baseline=0.30)]), tmp_path / "same.json")
+    assert {(r.key, r.metric) for r in regressions(diff_sets(load_source(str(old)), load_source(str(same))), 1)} == {
+        (key(BWD, 16384), "tuned_ms"), (key(BWD, 16384), "vs_baseline")}
+
+
+def test_the_sku_diff_document_is_current() -> None:
+    """docs/sku-diff-h200-h100.md ends with what its command prints for the committed bundles."""
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "sku-diff-h200-h100.md").read_text()
+    command = "mamba-tune diff generated_configs/h200 generated_configs/h100 --format markdown"
+    assert f"```bash\n{command}\n```\n\n" in doc
+    res = runner.invoke(app, ["diff", str(root / "generated_configs/h200"), str(root / "generated_configs/h100"),
+                              "--format", "markdown"])
+    assert res.exit_code == 0, res.output
+    printed = res.stdout.replace(str(root) + "/", "")
+    assert doc.split(f"```bash\n{command}\n```\n\n", 1)[1] == printed, (
+        f"docs/sku-diff-h200-h100.md is stale: regenerate it with `{command}`")
