@@ -98,6 +98,13 @@ def within_1pct_note(trace: Sequence[Sequence[float]] | None) -> str:
     return "" if w is None else f", within 1% at {w:.0f} s"
 
 
+def adopted_note(adopted_from: str | None) -> str:
+    """The marker of an entry whose config was adopted from a sibling SKU's entry with no search
+    (`sweep --adopt-sibling`; Search.adopted_from), for `show`, `diff` and the sweep's lines; empty
+    for a searched entry."""
+    return "" if adopted_from is None else f"adopted from {adopted_from} (no search)"
+
+
 def compare(a: Mapping[str, Any], b: Mapping[str, Any], pct: float) -> list[str]:
     """Two bundles' searches of the keys both hold (entries by key), one line each in key order:
     each final best, and the seconds each took to come within pct percent of the better of the

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from autotune_cli import environment as env
 from autotune_cli.plan import Combo
-from autotune_cli.search_trace import seconds_to_within
+from autotune_cli.search_trace import adopted_note, seconds_to_within
 from autotune_cli.spec import Budget, Tolerance
 from autotune_cli.warm_start import warm_configs
 from mamba_tune.bundle import (
@@ -118,7 +118,9 @@ def describe_entry(e: Entry) -> str:
     if t.baseline_ms is not None and e.speedup.vs_baseline is not None:
         text += f"; {t.baseline} {t.baseline_ms:.4f} ms, {e.speedup.vs_baseline:.2f}x"
     within = seconds_to_within(e.search.trace or [], 1.0)
-    if within is not None:
+    if e.search.adopted_from is not None:
+        text += f"; {adopted_note(e.search.adopted_from)}"
+    elif within is not None:
         text += f"; the search within 1% of its best at {within:.0f} s of {e.search.seconds:.0f} s"
     return text + ")"
 

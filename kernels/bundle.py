@@ -124,6 +124,10 @@ class Search(_Model):
     config_spec_fingerprint: str | None = Field(
         None, description="Helion ConfigSpec.structural_fingerprint_hash() of the config space this entry was "
         "tuned in (absent: a bundle from before this field)")
+    adopted_from: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$", description="the sibling SKU (e.g. 'h200') whose entry's config "
+        "this one took without a search (`sweep --adopt-sibling`), after checking and timing it on this GPU; absent: "
+        "the config is this GPU's own search's")
 
     @model_serializer(mode="wrap")
     def _no_empty_trace(self, handler: Any) -> Any:
@@ -131,7 +135,7 @@ class Search(_Model):
         # before the fields existed (readable by older mamba-tune, no churn in diffs).
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("trace", "config_spec_fingerprint"):
+            for name in ("trace", "config_spec_fingerprint", "adopted_from"):
                 if data.get(name) is None:
                     data.pop(name, None)
         return data
@@ -192,6 +196,9 @@ class Bundle(_Model):
                 if key != want:
                     raise ValueError(f"{where}[{key!r}]: key does not match its fields (expected {want!r})")
         for key, entry in self.entries.items():
+            if entry.search.adopted_from == self.provenance.gpu.sku:
+                raise ValueError(f"entries[{key!r}].search.adopted_from: {entry.search.adopted_from!r} is the SKU the "
+                                 "bundle was tuned on; an entry adopts a sibling SKU's config")
             if not entry.accuracy.passed:
                 raise ValueError(f"entries[{key!r}]: accuracy.passed is false; a failed config is a failure, not an entry")
             for part in ("timing", "speedup"):

@@ -149,7 +149,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the validated bundle as JSON.")] = False,
 ) -> None:
     """Show a bundle's provenance and entries as a table."""
-    from autotune_cli.search_trace import within_1pct_note
+    from autotune_cli.search_trace import adopted_note, within_1pct_note
     from mamba_tune.bundle import BundleError, dumps_bundle, load_bundle
 
     try:
@@ -176,6 +176,7 @@ def show_command(
             f"{t.default_ms:.4f}", "-" if t.baseline_ms is None else f"{t.baseline_ms:.4f}",
             f"{e.speedup.vs_default:.2f}x", "-" if e.speedup.vs_baseline is None else f"{e.speedup.vs_baseline:.2f}x",
             "-" if t.gbps is None else f"{t.gbps:.0f}",
+            adopted_note(s.adopted_from) or
             f"{s.algorithm}/{s.effort} {s.configs_tried or '?'} cfgs {s.seconds:.0f}s{within_1pct_note(s.trace)}",
         )))
     out.print(table)

@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune_cli.review.sources import BundleSet, SourceError
+from autotune_cli.search_trace import adopted_note
 from mamba_tune.bundle import Bundle, Entry, Failure
 
 # Provenance fields that change on every run and say nothing about the configs.
@@ -267,6 +268,12 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def _entry_cell(e: EntryDiff) -> str:
+    """The entry's key, and whether the new side's config was adopted from a sibling SKU's entry."""
+    note = adopted_note(e.new.search.adopted_from) if e.new is not None else ""
+    return e.key + (f"\n{note}" if note else "")
+
+
 def _ms(e: Entry | None) -> str:
     return "-" if e is None else f"{e.timing.tuned_ms:.4f}"
 
@@ -344,7 +351,7 @@ def _timing_json(e: Entry | None) -> dict[str, Any] | None:
         return None
     return {"tuned_ms": e.timing.tuned_ms, "default_ms": e.timing.default_ms, "baseline_ms": e.timing.baseline_ms,
             "baseline": e.timing.baseline, "vs_default": e.speedup.vs_default, "vs_baseline": e.speedup.vs_baseline,
-            "config": e.config}
+            "config": e.config, "adopted_from": e.search.adopted_from}
 
 
 def to_json(diff: Diff, regs: list[Regression] | None = None, pct: float | None = None) -> dict[str, Any]:
@@ -391,6 +398,11 @@ def _md_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines + [""]
 
 
+def _adopted_md(e: EntryDiff) -> str:
+    note = adopted_note(e.new.search.adopted_from) if e.new is not None else ""
+    return f"<br>{note}" if note else ""
+
+
 def to_markdown(diff: Diff, regs: list[Regression] | None = None, pct: float | None = None) -> str:
     """A PR comment: one summary line, then a section per changed bundle."""
     lines = [f"**mamba-tune diff** {_md_code(diff.old_label)} -> {_md_code(diff.new_label)}: "
@@ -412,7 +424,7 @@ def to_markdown(diff: Diff, regs: list[Regression] | None = None, pct: float | N
         if added:
             lines += [f"**Added** ({len(added)})", ""]
             lines += _md_table(["entry", "tuned ms", "vs default", "vs baseline"],
-                               ([_md_code(e.key), _ms(e.new), _speedup_cell(e, "vs_default"),
+                               ([_md_code(e.key) + _adopted_md(e), _ms(e.new), _speedup_cell(e, "vs_default"),
                                  _speedup_cell(e, "vs_baseline")] for e in added))
         if removed:
             lines += [f"**Removed** ({len(removed)})", ""]
@@ -422,7 +434,7 @@ def to_markdown(diff: Diff, regs: list[Regression] | None = None, pct: float | N
         if changed:
             lines += [f"**Changed** ({len(changed)})", ""]
             lines += _md_table(["entry", "config", "tuned ms", "vs default", "vs baseline"],
-                               ([_md_code(e.key),
+                               ([_md_code(e.key) + _adopted_md(e),
                                  "<br>".join(_md_code(x) for x in _config_lines(e)) or "(same config)",
                                  _tuned_cell(e), _speedup_cell(e, "vs_default"), _speedup_cell(e, "vs_baseline")]
                                 for e in changed))
@@ -468,7 +480,7 @@ def to_rich(diff: Diff, regs: list[Regression] | None = None, pct: float | None 
                 t.add_column(col, overflow="fold")
             style = {"added": "green", "removed": "red", "changed": "yellow"}
             for e in rows:
-                _add_row(t, Text(e.kind, style=style[e.kind]), e.key, "\n".join(_config_lines(e)) or
+                _add_row(t, Text(e.kind, style=style[e.kind]), _entry_cell(e), "\n".join(_config_lines(e)) or
                           ("" if e.kind != "changed" else "(same config)"), _tuned_cell(e),
                           _speedup_cell(e, "vs_default"), _speedup_cell(e, "vs_baseline"))
             parts.append(t)

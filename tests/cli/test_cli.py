@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bundles import bundle, entry, norm_dims
+from bundles import H100, bundle, entry, norm_dims
 from typer.testing import CliRunner
 
 from autotune_cli.app import app
@@ -111,6 +111,16 @@ def test_validate_and_show(tmp_path):
     assert r.exit_code == 0 and "gated_norm_bwd" in r.stdout and "NVIDIA H200" in r.stdout
     r = run("show", str(good), "--json")
     assert json.loads(r.stdout)["schema_version"] == 1
+    assert "adopted from" not in run("show", str(good)).stdout
+    # An entry whose config was adopted from a sibling SKU's (no search) says so in the search column.
+    e = entry()
+    adopted = tmp_path / "h100" / "adopted.json"
+    write_bundle(bundle(e.model_copy(update={"search": e.search.model_copy(update={"adopted_from": "h200"})}),
+                        gpu=H100), adopted)
+    r = run("validate", str(adopted))
+    assert r.exit_code == 0, r.output
+    r = run("show", str(adopted))
+    assert r.exit_code == 0 and "adopted from h200 (no search)" in " ".join(r.stdout.split()), r.stdout
 
 
 def test_validate_rejects_unknown_kernel_and_bad_json(tmp_path):

@@ -342,3 +342,24 @@ def test_the_sku_diff_document_is_current() -> None:
     printed = res.stdout.replace(str(root) + "/", "")
     assert doc.split(f"```bash\n{command}\n```\n\n", 1)[1] == printed, (
         f"docs/sku-diff-h200-h100.md is stale: regenerate it with `{command}`")
+
+
+def test_an_adopted_entry_is_marked_in_every_format(tmp_path: Path) -> None:
+    # An H100 entry that took the H200's config with no search (`sweep --adopt-sibling`) says so
+    # next to its key; a searched one does not.
+    def adopted(e: fx.Entry) -> fx.Entry:
+        return e.model_copy(update={"search": e.search.model_copy(update={"adopted_from": "h200"})})
+
+    old = fx.write(fx.bundle([fx.entry(FWD, fx.norm_dims(16384), tuned=0.10)], gpu=fx.H100), tmp_path / "a.json")
+    new = fx.write(fx.bundle([adopted(fx.entry(FWD, fx.norm_dims(16384), tuned=0.09)),
+                              adopted(fx.entry(FWD, fx.norm_dims(8192))), fx.entry(BWD, fx.norm_dims(8192))],
+                             gpu=fx.H100), tmp_path / "b.json")
+    md = runner.invoke(app, ["diff", str(old), str(new), "--format", "markdown"]).stdout
+    for k in (key(FWD, 16384), key(FWD, 8192)):
+        assert f"`{k}`<br>adopted from h200 (no search) |".replace("|bf16", "\\|bf16").replace("|d=", "\\|d=") in md
+    assert md.count("adopted from") == 2, md
+    data = json.loads(runner.invoke(app, ["diff", str(old), str(new), "--format", "json"]).stdout)
+    news = {e["key"]: e["new"]["adopted_from"] for e in data["bundles"][0]["entries"]}
+    assert news == {key(FWD, 16384): "h200", key(FWD, 8192): "h200", key(BWD, 8192): None}
+    res = runner.invoke(app, ["diff", str(old), str(new)], env={"COLUMNS": "300"})
+    assert res.stdout.count("adopted from h200 (no search)") == 2, res.stdout

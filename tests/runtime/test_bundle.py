@@ -37,6 +37,19 @@ def test_round_trip_and_stable_text(tmp_path):
     assert '"block_sizes": [8, 1]' in text
 
 
+def test_adopted_from_is_written_only_where_set():
+    # An entry that took a sibling's config (`sweep --adopt-sibling`) says so; the others stay
+    # as bundles were before the field (no key written).
+    plain = entry()
+    adopted = entry(dims=norm_dims(rows=8192))
+    adopted = adopted.model_copy(update={"search": adopted.search.model_copy(update={"adopted_from": "h100"})})
+    text = dumps_bundle(bundle(plain, adopted))
+    data = json.loads(text)["entries"]
+    assert data[adopted.key]["search"]["adopted_from"] == "h100"
+    assert "adopted_from" not in data[plain.key]["search"]
+    assert parse_bundle(text, source="b.json").entries[adopted.key].search.adopted_from == "h100"
+
+
 def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
     p = tmp_path / "b.json"
     write_bundle(bundle(entry()), p)
@@ -82,8 +95,15 @@ def test_entry_key_is_canonical():
          r"not valid JSON: NaN is not a JSON number"),
         (lambda d: next(iter(d["entries"].values()))["speedup"].update(vs_baseline=float("inf")),
          r"not valid JSON: Infinity is not a JSON number"),
+        (lambda d: next(iter(d["entries"].values()))["search"].update(adopted_from="H200 SXM"),
+         r"search.adopted_from: String should match pattern"),
+        (lambda d: next(iter(d["entries"].values()))["search"].update(adopted_from=200),
+         r"search.adopted_from: Input should be a valid string"),
+        (lambda d: next(iter(d["entries"].values()))["search"].update(adopted_from="h200"),
+         r"search.adopted_from: 'h200' is the SKU the bundle was tuned on"),
     ],
-    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra", "nan", "inf"],
+    ids=["version", "key", "failed-accuracy", "timing", "dtype", "missing", "extra", "nan", "inf",
+         "adopted-pattern", "adopted-type", "adopted-own-sku"],
 )
 def test_invalid_bundles_give_one_line(mutate, match):
     data = json.loads(dumps_bundle(bundle(entry())))
