@@ -120,6 +120,10 @@ def describe_entry(e: Entry) -> str:
     within = seconds_to_within(e.search.trace or [], 1.0)
     if e.search.adopted_from is not None:
         text += f"; {adopted_note(e.search.adopted_from)}"
+    elif e.search.configs_tried == 1 and e.search.algorithm != "none":
+        # Its starting configs' compiles took the budget: it measured one config, searched nothing.
+        text += (f"; the search timed 1 config in {e.search.seconds:.0f} s: its compiles took the "
+                 f"{e.search.budget_seconds} s budget, raise --seconds-per-combo to search")
     elif within is not None:
         text += f"; the search within 1% of its best at {within:.0f} s of {e.search.seconds:.0f} s"
     return text + ")"

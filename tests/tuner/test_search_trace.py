@@ -174,3 +174,18 @@ def test_the_sweeps_combo_line_says_when_the_search_came_within_one_percent() ->
     assert "within 1%" not in describe_entry(e)
     traced = e.model_copy(update={"search": e.search.model_copy(update={"trace": [(3.0, 0.2), (14.2, 0.1)]})})
     assert describe_entry(traced).endswith("; the search within 1% of its best at 14 s of 60 s)")
+
+
+def test_the_sweeps_combo_line_says_when_the_search_timed_one_config() -> None:
+    """A search whose starting configs' compiles took the budget measured one config: the line says
+    so and names the option that gives it time (the H100 sweep's 8 s searches of ssd_chunk_scan)."""
+    from autotune_cli.sweep_job import describe_entry
+
+    e = entry()
+    one = e.model_copy(update={"search": e.search.model_copy(update={
+        "configs_tried": 1, "budget_seconds": 8, "seconds": 15.6, "trace": [(15.2, 0.12)]})})
+    assert describe_entry(one).endswith(
+        "; the search timed 1 config in 16 s: its compiles took the 8 s budget, raise --seconds-per-combo to search)")
+    assert "timed 1 config" not in describe_entry(e)
+    none = one.model_copy(update={"search": one.search.model_copy(update={"algorithm": "none"})})
+    assert "timed 1 config" not in describe_entry(none)
