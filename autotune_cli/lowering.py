@@ -393,11 +393,16 @@ def config_problem(tk: TunableKernel, entry: Entry) -> str | None:
     checked_config`: the kernel's list lengths and allowed values, then Helion's
     `ConfigSpec.normalize`) against the kernel bound at the entry's dims, on the CPU without
     a GPU. Device-only keys are left out (see `cpu_loweable`)."""
+    return config_problem_at(tk, entry.config, entry.dims, entry.dtype)
+
+
+def config_problem_at(tk: TunableKernel, config: dict[str, Any], dims: dict[str, int], dtype: str) -> str | None:
+    """`config_problem` for a config at `dims` and `dtype` (the tuner's check of a sibling's config)."""
     from mamba_tune.config_schema import checked_config
 
-    config, _notes = cpu_loweable(entry.config)
+    config, _notes = cpu_loweable(config)
     try:
-        checked_config(config, config_spec(tk, entry.dims, entry.dtype))
+        checked_config(config, config_spec(tk, dims, dtype))
     except Exception as e:  # ConfigError mostly; any error here means the runtime cannot use it
         text = str(e).strip()
         return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

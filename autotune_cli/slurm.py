@@ -246,7 +246,8 @@ class SlurmSweep:
         for name in ("result.json", "result.json.worker", "merged.json", "status.json"):
             (d / name).unlink(missing_ok=True)
         j, o = self.job, self.job.options
-        (d / "job.json").write_text(json.dumps(j.worker_job(combo, [*filter(None, [bundle]), *warm_bundles])))
+        (d / "job.json").write_text(json.dumps(j.worker_job(combo, [*filter(None, [bundle]), *warm_bundles],
+                                                            warm_bundles)))
         task = {"key": combo.key, "label": combo.label(), "kernel": combo.kernel, "dims": combo.dims,
                 "dtype": combo.dtype, "bundle": str(self.bundle_path.resolve()),
                 "cpu_dry_run": o.cpu_dry_run, "target_sku": j.target_sku,

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from glob import escape as glob_escape
 from pathlib import Path
 from types import FrameType
@@ -306,7 +306,7 @@ class Sweep:
             tmp = Path(tmpdir)
             try:
                 while queue or running:
-                    self._fill_slots(queue, free, running, tmp, log_dir, [*filter(None, [writer.bundle]), *warm])
+                    self._fill_slots(queue, free, running, tmp, log_dir, [*filter(None, [writer.bundle]), *warm], warm)
                     time.sleep(0.5)
                     _raise_if_stopped()
                     now = time.monotonic()
@@ -340,14 +340,16 @@ class Sweep:
     # --- scheduling and retry ---------------------------------------------------------
 
     def _fill_slots(self, queue: list[tuple[int, Combo, bool]], free: list[int | None], running: list[RunningCombo],
-                    tmp: Path, log_dir: Path, bundles: list[Bundle]) -> None:
+                    tmp: Path, log_dir: Path, bundles: list[Bundle], siblings: Sequence[Bundle] = ()) -> None:
         """Start queued combos (index, combo, isolated) while a GPU slot is free; each search
         starts from its key's config and the nearest tuned shapes' (`warm_start`) in `bundles`:
-        the bundle as written so far, then the --warm-start ones."""
+        the bundle as written so far, then the --warm-start ones (`siblings`: those, for
+        --adopt-sibling)."""
         while queue and free:
             i, combo, isolated = queue.pop(0)
             slot = free.pop(0)
-            running.append(self._start(combo, i, slot, tmp, log_dir, self.job.worker_job(combo, bundles), isolated))
+            job = self.job.worker_job(combo, bundles, siblings)
+            running.append(self._start(combo, i, slot, tmp, log_dir, job, isolated))
 
     def _reap(self, running: list[RunningCombo], free: list[int | None], now: float
               ) -> Iterator[tuple[RunningCombo, bool, dict[str, Any] | None]]:

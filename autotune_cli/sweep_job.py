@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class SweepOptions:
     warm_start: tuple[Path, ...] = ()
     # A new worker process per combo (--fresh-workers) instead of one kept warm per GPU.
     fresh_workers: bool = False
+    # A combo whose key a sibling SKU's --warm-start bundle holds, fresh, takes that entry's config
+    # after a check and a timing, with no search (--adopt-sibling; `worker_job`, `tuner.tune`).
+    adopt_sibling: bool = False
 
 
 @dataclasses.dataclass
@@ -141,10 +145,12 @@ class SweepJob:
     spec_ref: SpecRef | None
     options: SweepOptions
 
-    def worker_job(self, combo: Combo, bundles: list[Bundle]) -> dict[str, Any]:
+    def worker_job(self, combo: Combo, bundles: list[Bundle], siblings: Sequence[Bundle] = ()) -> dict[str, Any]:
         """The worker's job file (`autotune_cli.worker`) for `combo`: its key, the budget, its
         dtype's tolerance, and the configs the search starts from: its key's and the nearest
         tuned shapes' in `bundles` (`warm_start`: the bundle as written so far, then --warm-start's).
+        With --adopt-sibling, `adopt`: the entry of its key in `siblings` (the --warm-start bundles,
+        `warm_bundles`) that replaces its search (`adoption`).
         The kernel's tuning record (helion and the kernels: seconds of imports) is loaded only where a
         bundle holds entries of the kernel: a fresh sweep's submitter starts without it."""
         warm: list[dict[str, Any]] = []
@@ -153,8 +159,10 @@ class SweepJob:
 
             tk = get(combo.kernel)
             warm = warm_configs(tk.size_dims, combo.kernel, combo.dims, combo.dtype, bundles, across=tk.seed_across)
-        return {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
-                "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
+        job = {"kernel": combo.kernel, "dims": combo.dims, "dtype": combo.dtype, "warm_start": warm,
+               "budget": self.budget.model_dump(), "tolerance": self.tolerances[combo.dtype].model_dump()}
+        adopt = adoption(combo, siblings) if self.options.adopt_sibling else None
+        return job if adopt is None else {**job, "adopt": adopt}
 
     def timeout_s(self) -> float:
         """How long a combo's worker may run: --timeout, else 2 x the search budget + 10 min."""
@@ -172,6 +180,10 @@ class SweepJob:
         for any other."""
         from mamba_tune.sku import siblings
 
+        adopt = self.options.adopt_sibling
+        if adopt and not self.options.warm_start:
+            raise SweepInputError("--adopt-sibling needs --warm-start BUNDLE: the sibling SKU's bundle whose "
+                                  "entries it adopts")
         out = []
         for path in self.options.warm_start:
             try:
@@ -179,11 +191,32 @@ class SweepJob:
             except BundleError as e:  # it names the file
                 raise SweepInputError(f"--warm-start: {str(e).splitlines()[0]}") from None
             got = bundle.provenance.gpu.sku
-            if got != sku and got not in siblings(sku):
+            if adopt:
+                if why := self._not_a_sibling(got, sku):
+                    raise SweepInputError(f"--adopt-sibling: --warm-start {path}: {why}")
+            elif got != sku and got not in siblings(sku):
                 raise SweepInputError(f"--warm-start {path}: tuned on {got}, this sweep tunes on {sku} (only "
                                       f"{' or '.join([sku, *siblings(sku)])} configs are a starting point here)")
             out.append(bundle)
         return out
+
+    def _not_a_sibling(self, got: str, sku: str) -> str | None:
+        """Why a bundle tuned on `got` is no sibling to adopt from in a sweep on `sku` (None: it is).
+        A CPU dry run (sku cpu) takes a bundle of any GPU SKU, as a new SKU of its arch would: it
+        runs the adoption end to end (config fit, check, entry) in ref mode, where no config is timed."""
+        from mamba_tune.sku import GPU_SKUS, siblings
+
+        if self.options.cpu_dry_run:
+            return None if got != sku else (f"tuned on {got} (a dry run's own); a dry run adopts from a GPU SKU's "
+                                            "bundle, standing in for a new SKU of its arch")
+        if got == sku:
+            return (f"tuned on {sku}, this GPU's own SKU: --adopt-sibling adopts a sibling SKU's entries "
+                    f"({' or '.join(siblings(sku)) or 'none known'}); a sweep resumes from its own bundle without it")
+        if got not in siblings(sku):
+            arch = GPU_SKUS[got].arch if got in GPU_SKUS else "an unknown arch"
+            return (f"tuned on {got} ({arch}), not a sibling of {sku} ({GPU_SKUS[sku].arch if sku in GPU_SKUS else '?'}"
+                    f": {' or '.join(siblings(sku)) or 'none known'}); another arch's configs are no evidence here")
+        return None
 
     def todo(self, bundle: Bundle | None, stale: set[str]) -> tuple[list[Combo], list[ComboResult]]:
         """The combos to tune (all with --force; else those not in `bundle`, or stale), and a
@@ -260,6 +293,25 @@ class SweepJob:
 
 def same_versions(a: Versions, b: Versions) -> bool:
     return (a.helion, a.torch, a.triton) == (b.helion, b.torch, b.triton)
+
+
+def adoption(combo: Combo, siblings: Sequence[Bundle]) -> dict[str, Any] | None:
+    """The job's `adopt` (`tuner.tune`) for `combo`: the entry of its key in the first sibling
+    bundle that holds it fresh, with the config space it was tuned in; None where no sibling bundle
+    holds the key. An entry of a kernel whose source changed since the sibling tuned it
+    (`stale_keys`: the runtime's and `check`'s rule) is refused, with why: the worker says so and
+    searches."""
+    refused = None
+    for b in siblings:
+        e = b.entries.get(combo.key)
+        if e is None:
+            continue
+        sku = b.provenance.gpu.sku
+        if combo.key in stale_keys(b).get(combo.kernel, set()):
+            refused = refused or {"from": sku, "refused": f"kernel {combo.kernel} changed since {sku} tuned it"}
+            continue
+        return {"from": sku, "config": e.config, "config_spec_fingerprint": e.search.config_spec_fingerprint}
+    return refused
 
 
 def stale_keys(bundle: Bundle) -> dict[str, set[str]]:

@@ -21,7 +21,7 @@ import helion
 import torch
 
 from autotune_cli.environment import now
-from autotune_cli.lowering import config_spec
+from autotune_cli.lowering import config_problem_at, config_spec
 from autotune_cli.search_trace import (
     ACCURACY_ERROR,
     SearchLog,
@@ -325,6 +325,29 @@ def _budget_after_setup(search: Any) -> None:
     search._prepare = prepare_then_start_clock
 
 
+def adopt_problem(adopt: dict[str, Any], fits: str | None, fingerprint: str) -> str | None:
+    """Why a sibling's entry is not adopted before it runs (None: check and time it): the submitter
+    found it stale (`refused`), it was tuned in another config space than this bound call's, or
+    Helion rejects its config here (`fits`: `lowering.config_problem_at`)."""
+    if adopt.get("refused"):
+        return str(adopt["refused"])
+    recorded = adopt.get("config_spec_fingerprint")
+    if recorded is not None and recorded != fingerprint:
+        return f"tuned in another config space (fingerprint {str(recorded)[:12]} != {fingerprint[:12]} here)"
+    return None if fits is None else f"its config does not fit this kernel here: {fits}"
+
+
+def not_adopted(acc: Accuracy, ms: float | None = None, default_ms: float | None = None) -> str | None:
+    """Why a sibling's config, checked (and timed) here, is not adopted (None: adopt it): it fails
+    the numerics check, or it runs slower than the kernel's default config. Either way the combo
+    gets the search it would have had without --adopt-sibling."""
+    if not acc.passed:
+        return accuracy_reason(acc)
+    if ms is not None and default_ms is not None and default_ms < ms:
+        return f"it runs in {ms:.4f} ms here, slower than the default config's {default_ms:.4f} ms"
+    return None
+
+
 def tune(
     kernel_name: str,
     dims: dict[str, int],
@@ -334,14 +357,19 @@ def tune(
     *,
     status_path: str | None = None,
     warm_start: Sequence[dict[str, Any]] | None = None,
+    adopt: dict[str, Any] | None = None,
 ) -> Outcome:
+    """Tune one combo. `adopt` (`sweep --adopt-sibling`: {"from": sibling SKU, "config",
+    "config_spec_fingerprint"} or {"from", "refused": why}) replaces the search with a sibling's
+    config: it is checked and timed as a search winner is, and the entry records `adopted_from`;
+    one that cannot be used (`adopt_problem`, `not_adopted`) falls back to the search, with a line."""
     phases: dict[str, float] = {}
     phase_start = time.perf_counter()
 
     def phase_done(name: str) -> None:
         nonlocal phase_start
         t = time.perf_counter()
-        phases[name] = round(t - phase_start, 2)
+        phases[name] = round(phases.get(name, 0.0) + t - phase_start, 2)  # a refused adoption's, then the search's
         phase_start = t
 
     tk = get(kernel_name)
@@ -363,70 +391,77 @@ def tune(
         return Outcome(None, Failure(kernel=kernel_name, dims=dims, dtype=dtype_name, reason=reason, at=now()), prov,
                        tuple(phases.items()))
 
+    def compiled(cfg: Any) -> Callable[..., Any]:
+        return tk.kernel if interpret else bound.compile_config(cfg, allow_print=False)
+
+    adopting = False
+    if adopt is not None:
+        fits = None if adopt.get("refused") else config_problem_at(tk, adopt["config"], dims, dtype_name)
+        adopting = not _fall_back(adopt, adopt_problem(adopt, fits, fingerprint))
     phase_done("setup")
 
     with _Heartbeat(status_path) as hb:
         search_log: SearchLog | None = None
-        if interpret or budget.effort == "none":
-            # No search: ref mode has no compiled code to time; effort none means "default".
-            best, tried, seeds = default, 1, []
-        else:
-            hb.phase = "searching"
+        while True:  # twice at most: an adoption refused after its check or timing, then the search
+            if adopting:
+                best, tried, seeds = helion.Config.from_dict(adopt["config"]), 1, []  # type: ignore[index]
+            elif interpret or budget.effort == "none":
+                # No search: ref mode has no compiled code to time; effort none means "default".
+                best, tried, seeds = default, 1, []
+            else:
+                hb.phase = "searching"
+                try:
+                    best, tried, seeds, search_log, budget = _search_with_retry(tk, dims, bound, problem, budget,
+                                                                                hb, default, warm_start)
+                except TuneFailure as e:  # a search that timed nothing, with its reason
+                    return failure(str(e))
+                except Exception as e:  # a search that finds nothing usable
+                    if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
+                        raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
+                    return failure(f"autotune failed: {type(e).__name__}: {e}")
+            phase_done("search")
+
+            hb.phase = "checking"
+            # Check the winner on fresh inputs (another seed), not the ones it was tuned on.
+            check = tk.make_problem(dims, dtype, device, budget.seed + 1)
             try:
-                seeds = fitting_seeds(seed_configs(tk, dims, warm_start), default)
-                with tempfile.TemporaryDirectory(prefix="mamba-tune-search-") as tmp:
-                    log_base = os.path.join(tmp, "search")
-                    try:
-                        best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
-                    except BudgetRanOut as e:
-                        # Once: the budget went on compiles, which the retry finds cached.
-                        first = budget.seconds_per_combo
-                        budget = retry_budget(budget, e.spent)
-                        print(f"{e}; retrying once with a {budget.seconds_per_combo} s budget (its first configs "
-                              "are compiled now)", file=sys.stderr, flush=True)
-                        log_base = os.path.join(tmp, "retry")
-                        try:
-                            best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
-                        except BudgetRanOut as again:
-                            raise TuneFailure(f"{again} (in a retry, after the {first} s search timed nothing in "
-                                              f"{e.spent:.1f} s)") from None
-                    search_log = read_helion_log(log_base + ".csv")
-                if search_log is not None:
-                    print(f"search log: {describe_search_log(search_log)}", file=sys.stderr, flush=True)
-            except TuneFailure as e:  # a search that timed nothing, with its reason
-                return failure(str(e))
-            except Exception as e:  # a search that finds nothing usable
-                if isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
-                    raise ContextLost(f"autotune failed: {type(e).__name__}: {e}") from None
-                return failure(f"autotune failed: {type(e).__name__}: {e}")
-        phase_done("search")
+                fn_best = compiled(best)
+            except Exception as e:
+                if not adopting or isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
+                    raise
+                phase_done("check")
+                adopting = not _fall_back(adopt, f"it does not compile here: {type(e).__name__}: "  # type: ignore[arg-type]
+                                                 f"{(str(e).strip().splitlines() or [''])[0]}")
+                continue
+            fn_default = compiled(default)
+            acc = check_accuracy(check, check.run(fn_best), tol)
+            config = best
+            if adopting and _fall_back(adopt, not_adopted(acc)):  # type: ignore[arg-type]
+                adopting = False
+                phase_done("check")
+                continue
+            if not acc.passed:
+                acc_default = check_accuracy(check, check.run(fn_default), tol)
+                phase_done("check")
+                if acc_default.passed:
+                    return failure(accuracy_reason(acc) + "; the default config passes: the search winner is rejected")
+                return failure(accuracy_reason(acc) + "; the default config fails too: the kernel is wrong at this shape")
 
-        hb.phase = "checking"
-
-        def compiled(cfg: Any) -> Callable[..., Any]:
-            return tk.kernel if interpret else bound.compile_config(cfg, allow_print=False)
-
-        # Check the winner on fresh inputs (another seed), not the ones it was tuned on.
-        check = tk.make_problem(dims, dtype, device, budget.seed + 1)
-        fn_best, fn_default = compiled(best), compiled(default)
-        acc = check_accuracy(check, check.run(fn_best), tol)
-        config = best
-        if not acc.passed:
-            acc_default = check_accuracy(check, check.run(fn_default), tol)
             phase_done("check")
-            if acc_default.passed:
-                return failure(accuracy_reason(acc) + "; the default config passes: the search winner is rejected")
-            return failure(accuracy_reason(acc) + "; the default config fails too: the kernel is wrong at this shape")
-
-        phase_done("check")
-        hb.phase = "timing"
-        t_best = bench_ms(lambda: problem.run(fn_best), device)
-        # The same config timed twice would only report noise as a speedup.
-        t_default = t_best if best == default else bench_ms(lambda: problem.run(fn_default), device)
-        if t_default < t_best:
-            # The search measured the kernel alone; the full op (with epilogue) says default wins.
-            config, t_best = default, t_default
-        phase_done("timing")
+            hb.phase = "timing"
+            t_best = bench_ms(lambda f=fn_best: problem.run(f), device)
+            # The same config timed twice would only report noise as a speedup (in ref mode every
+            # config runs the same code: an adopted one too).
+            t_default = t_best if best == default or interpret else bench_ms(lambda f=fn_default: problem.run(f), device)
+            if adopting and _fall_back(adopt, not_adopted(acc, t_best, t_default)):  # type: ignore[arg-type]
+                adopting = False
+                phase_done("timing")
+                continue
+            if t_default < t_best:
+                # The search measured the kernel alone; the full op (with epilogue) says default wins.
+                config, t_best = default, t_default
+            phase_done("timing")
+            break
         baseline_ms = baseline_name = None
         if tk.make_baseline is not None:
             base = tk.make_baseline(dims, dtype, device, budget.seed)
@@ -436,6 +471,7 @@ def tune(
         gbps = problem.bytes_moved / (t_best * 1e-3) / 1e9 if problem.bytes_moved else None
         tflops = problem.flops / (t_best * 1e-3) / 1e12 if problem.flops else None
 
+    searched = not (interpret or budget.effort == "none" or adopting)
     entry = Entry(
         kernel=kernel_name,
         dims=dims,
@@ -445,13 +481,52 @@ def tune(
                       gbps=gbps, tflops=tflops),
         speedup=Speedup(vs_default=t_default / t_best,
                         vs_baseline=None if baseline_ms is None else baseline_ms / t_best),
-        search=Search(algorithm="none" if (interpret or budget.effort == "none") else budget.algorithm,
-                      effort="none" if interpret else budget.effort, configs_tried=tried, seconds=phases["search"],
-                      seed=budget.seed, seed_configs=len(seeds), budget_seconds=budget.seconds_per_combo,
-                      max_generations=budget.max_generations,
+        search=Search(algorithm=budget.algorithm if searched else "none",
+                      effort="none" if interpret or adopting else budget.effort, configs_tried=tried,
+                      seconds=phases["search"], seed=budget.seed, seed_configs=len(seeds),
+                      budget_seconds=None if adopting else budget.seconds_per_combo,
+                      max_generations=None if adopting else budget.max_generations,
                       trace=None if search_log is None else [list(p) for p in search_log.trace],
-                      config_spec_fingerprint=fingerprint),
+                      config_spec_fingerprint=fingerprint,
+                      adopted_from=adopt["from"] if adopting else None),  # type: ignore[index]
         accuracy=acc,
         tuned_at=now(),
     )
     return Outcome(entry, None, prov, tuple(phases.items()))
+
+
+def _fall_back(adopt: dict[str, Any], why: str | None) -> bool:
+    """Say why the sibling's config is not adopted, and that the combo is searched (True), where
+    there is a why."""
+    if why is not None:
+        print(f"mamba-tune: not adopting the {adopt['from']} entry's config ({why}); searching as without "
+              "--adopt-sibling", file=sys.stderr, flush=True)
+    return why is not None
+
+
+def _search_with_retry(tk: TunableKernel, dims: dict[str, int], bound: Any, problem: Problem, budget: Budget,
+                       hb: _Heartbeat, default: Any, warm_start: Sequence[dict[str, Any]] | None
+                       ) -> tuple[Any, int | None, list[Any], SearchLog | None, Budget]:
+    """The search, retried once when its budget ran out before it timed a config: (winner, configs
+    tried, seeds, Helion's log, the budget it ran with). TuneFailure: it found nothing usable."""
+    seeds = fitting_seeds(seed_configs(tk, dims, warm_start), default)
+    with tempfile.TemporaryDirectory(prefix="mamba-tune-search-") as tmp:
+        log_base = os.path.join(tmp, "search")
+        try:
+            best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
+        except BudgetRanOut as e:
+            # Once: the budget went on compiles, which the retry finds cached.
+            first = budget.seconds_per_combo
+            budget = retry_budget(budget, e.spent)
+            print(f"{e}; retrying once with a {budget.seconds_per_combo} s budget (its first configs "
+                  "are compiled now)", file=sys.stderr, flush=True)
+            log_base = os.path.join(tmp, "retry")
+            try:
+                best, tried = _search(tk, bound, problem, budget, hb, seeds, default, log_base)
+            except BudgetRanOut as again:
+                raise TuneFailure(f"{again} (in a retry, after the {first} s search timed nothing in "
+                                  f"{e.spent:.1f} s)") from None
+        search_log = read_helion_log(log_base + ".csv")
+    if search_log is not None:
+        print(f"search log: {describe_search_log(search_log)}", file=sys.stderr, flush=True)
+    return best, tried, seeds, search_log, budget

@@ -76,7 +76,7 @@ def run_job(job_path: str, result_path: str, status_path: str | None) -> dict[st
     try:
         outcome = tune(job["kernel"], job["dims"], job["dtype"], Budget.model_validate(job["budget"]),
                        Tolerance.model_validate(job["tolerance"]), status_path=status_path,
-                       warm_start=job.get("warm_start"))
+                       warm_start=job.get("warm_start"), adopt=job.get("adopt"))
         phases = {**start, **dict(outcome.phases)}
         result = {
             "entry": None if outcome.entry is None else outcome.entry.model_dump(mode="json"),

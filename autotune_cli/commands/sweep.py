@@ -107,6 +107,11 @@ WarmOpt = Annotated[list[Path] | None, typer.Option(
     metavar="BUNDLE", dir_okay=False,
     help="Also start each search from the configs that this bundle (tuned on this GPU SKU or a sibling of its arch) holds for the "
          "same key or the nearest shapes of the same kernel (repeatable); the bundle being written always counts.")]
+AdoptOpt = Annotated[bool, typer.Option(
+    "--adopt-sibling", help="With --warm-start SIBLING.json (a bundle of another SKU of this GPU's arch, e.g. h200 "
+                            "for an h100): a combo whose key it holds, fresh, is not searched: its config is checked "
+                            "against fp32 and timed here, and kept unless it fails or is slower than the default "
+                            "config (then the combo is searched). The entry records `adopted_from`.")]
 LogOpt = Annotated[Path, typer.Option(metavar="DIR", help="Folder for per-combo worker logs.", file_okay=False)]
 FreshOpt = Annotated[bool, typer.Option(
     "--fresh-workers", help="local: a new worker process per combo, instead of one per GPU kept warm between combos "
@@ -216,6 +221,7 @@ def sweep_command(
              "text (repeatable: any of them); the rest stay as they are in the bundle.")] = None,
     warm_start: WarmOpt = None,
     fresh_workers: FreshOpt = False,
+    adopt_sibling: AdoptOpt = False,
     shipped: Annotated[bool, typer.Option("--shipped", help="Only the part of the sweep the spec's `shipped` "
                                           "section names (what the committed bundle holds): the target's part, or "
                                           "with --allow-gpu-mismatch that of the GPU it runs on if the spec names "
@@ -238,6 +244,8 @@ def sweep_command(
 
     if (spec_path is None) == (from_record is None):
         fail("give a SPEC or --from-record FILE (exactly one)")
+    if adopt_sibling and not warm_start:
+        fail("--adopt-sibling needs --warm-start BUNDLE: the sibling SKU's bundle whose entries it adopts")
     if from_record is not None and shipped:
         fail("--shipped goes with a SPEC (its `shipped` section), not --from-record")
     spec: Spec | None = None
@@ -296,7 +304,8 @@ def sweep_command(
         options=SweepOptions(out_dir=out_dir, force=force, gpus=_parse_gpus(gpus),
                              allow_gpu_mismatch=allow_gpu_mismatch, cpu_dry_run=cpu_dry_run, log_dir=log_dir,
                              timeout_s=timeout, partial=bool(kernel or origin or from_record),
-                             warm_start=tuple(warm_start or ()), fresh_workers=fresh_workers),
+                             warm_start=tuple(warm_start or ()), fresh_workers=fresh_workers,
+                             adopt_sibling=adopt_sibling),
     )
     if executor == Executor.slurm:
         from autotune_cli.commands.cluster import run_slurm
