@@ -426,15 +426,16 @@ def tune(
             check = tk.make_problem(dims, dtype, device, budget.seed + 1)
             try:
                 fn_best = compiled(best)
+                got = check.run(fn_best)  # Triton compiles at the first launch
             except Exception as e:
                 if not adopting or isinstance(e, helion.exc.TritonUnrecoverableRuntimeError):
                     raise
                 phase_done("check")
-                adopting = not _fall_back(adopt, f"it does not compile here: {type(e).__name__}: "  # type: ignore[arg-type]
+                adopting = not _fall_back(adopt, f"it does not compile or run here: {type(e).__name__}: "  # type: ignore[arg-type]
                                                  f"{(str(e).strip().splitlines() or [''])[0]}")
                 continue
             fn_default = compiled(default)
-            acc = check_accuracy(check, check.run(fn_best), tol)
+            acc = check_accuracy(check, got, tol)
             config = best
             if adopting and _fall_back(adopt, not_adopted(acc)):  # type: ignore[arg-type]
                 adopting = False
