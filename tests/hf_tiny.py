@@ -7,7 +7,11 @@ spans two full chunks and a partial one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -67,3 +71,28 @@ MODELS: dict[str, Callable[[], torch.nn.Module]] = {
 def tokens(batch: int = 2, seqlen: int = SEQLEN, seed: int = 0, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (batch, seqlen), generator=g).to(device)
+
+
+@contextlib.contextmanager
+def own_pytorch_path(mods: dict[str, ModuleType]) -> Iterator[None]:
+    """The models' own path as it runs on a CPU: transformers' PyTorch code. Where mamba-ssm was
+    importable when a modeling module was imported (another test made its pure-Python modules
+    importable), transformers picked mamba-ssm's Triton functions, which need a GPU; for the
+    block, each such function is transformers' decorated PyTorch function again."""
+    from mamba_tune import transformers_patch as tp
+
+    legacy = tp._is_legacy(importlib.import_module("transformers").__version__)
+    swapped: list[tuple[ModuleType, str, Any]] = []
+    for module in mods.values():
+        for tf_name in tp._functions(legacy):
+            original = vars(module).get(tf_name)
+            torch_function = getattr(tp._inner(original), "__wrapped__", None)
+            if original is None or torch_function is None or tp._resolved(original) == "transformers' PyTorch code":
+                continue
+            swapped.append((module, tf_name, original))
+            setattr(module, tf_name, torch_function)
+    try:
+        yield
+    finally:
+        for module, tf_name, original in swapped:
+            setattr(module, tf_name, original)

@@ -26,6 +26,7 @@ class Family(str, enum.Enum):
     ssd = "ssd"
     layer = "layer"
     module = "module"
+    model = "model"
     all = "all"
 
 
@@ -51,11 +52,26 @@ def _layer_shapes(models: list[str], tps: list[int], batch: int, seqlen: int) ->
             for t in tps for name in models]
 
 
+def _model_shapes(models: list[str], tps: list[int], batch: int, seqlen: int, pattern: str) -> list[tuple[str, Any]]:
+    """(label, benchmarks.model.ModelShape) for each tp and model, in `_shapes`' order; one-line errors."""
+    from autotune_cli.benchmarks.model import PATTERN, model_shape
+
+    out = []
+    for t in tps:
+        for name in models:
+            try:
+                s = model_shape(name, t, batch, seqlen, pattern)
+            except ValueError as e:
+                fail(f"--family model: {e}")
+            out.append((name + (f" tp{t}" if t > 1 else "") + ("" if pattern == PATTERN else f" {pattern}"), s))
+    return out
+
+
 def bench_command(
-    family: Annotated[Family, typer.Option(metavar="norm|ssd|layer|module|all", help="Which kernels to time (layer: one whole Mamba-2 layer, forward and backward, and its stages; module: mamba-ssm's Mamba2 module patched vs unpatched, not part of all).")] = Family.norm,
-    model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset).")] = None,
+    family: Annotated[Family, typer.Option(metavar="norm|ssd|layer|module|model|all", help="Which kernels to time (layer: one whole Mamba-2 layer, forward and backward, and its stages; module: mamba-ssm's Mamba2 module patched vs unpatched; model: transformers' NemotronH training step patched vs unpatched; module and model are not part of all).")] = Family.norm,
+    model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset, with --family model the hybrid ones).")] = None,
     tp: Annotated[list[int] | None, typer.Option(metavar="N", help="Tensor-parallel degree (repeatable; default 1).")] = None,
-    batch: Annotated[int, typer.Option(metavar="N", help="Batch size.", min=1)] = 2,
+    batch: Annotated[int | None, typer.Option(metavar="N", help="Batch size (default 2; 1 with --family model).", min=1)] = None,
     seqlen: Annotated[int, typer.Option(metavar="N", help="Sequence length.", min=1)] = 8192,
     dtype: Annotated[DtypeChoice, typer.Option(metavar="bf16|fp16|fp32", help="Input dtype.")] = DtypeChoice.bf16,
     json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the rows, machine and versions as JSON.",
@@ -66,6 +82,11 @@ def bench_command(
         help="Layer rows to time (repeatable; default: all). E.g. layer_fwd_bwd, layer_fwd, ssd_bwd.")] = None,
     module_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
         help="Module rows to time (repeatable; default: all). E.g. module_fwd_mem_eff, module_train_step_unfused.")] = None,
+    model_stage: Annotated[list[str] | None, typer.Option(metavar="STAGE",
+        help="Model rows to time (repeatable; default: all): model_train_step, model_train_step_wall.")] = None,
+    pattern: Annotated[str | None, typer.Option(metavar="LAYERS",
+        help="With --family model: the layers, one character each (M: Mamba-2, *: attention, -: MLP; "
+             "default M-M-M-M*-, Nemotron-H 8B's first 9).")] = None,
     account: Annotated[bool, typer.Option("--account",
         help="With --family layer or module: the training step's account, each stage of the forward and "
              "backward on both sides against its bound (bytes at the measured copy bandwidth or FLOPs at "
@@ -75,7 +96,7 @@ def bench_command(
         help="Config lookup: exact, nearest (the default) or default (the kernels' default configs).")] = None,
 ) -> None:
     """Time ours vs mamba-ssm in the same process (do_bench medians, L2 flushed) and print ratios."""
-    from autotune_cli.benchmarks.common import LAYER_STAGES, MODULE_STAGES, SSD_STAGES
+    from autotune_cli.benchmarks.common import LAYER_STAGES, MODEL_STAGES, MODULE_STAGES, SSD_STAGES
 
     bad = sorted(set(ssd_stage or ()) - set(SSD_STAGES))
     if bad:
@@ -94,10 +115,26 @@ def bench_command(
         fail("--module-stage: only with --family module")
     if account and family not in (Family.layer, Family.module):
         fail("--account: only with --family layer or module")
-    models = model or list(MODEL_PRESETS)
+    bad = sorted(set(model_stage or ()) - set(MODEL_STAGES))
+    if bad:
+        fail(f"--model-stage {bad[0]!r}: unknown; known: {', '.join(MODEL_STAGES)}")
+    if (model_stage or pattern is not None) and family is not Family.model:
+        fail(f"{'--model-stage' if model_stage else '--pattern'}: only with --family model")
+    if batch is None:
+        batch = 1 if family is Family.model else 2
+    if family is Family.model:
+        from autotune_cli.benchmarks.model import HYBRID_DIMS, PATTERN
+
+        models = model or list(HYBRID_DIMS)
+    else:
+        models = model or list(MODEL_PRESETS)
     shapes = [s for t in (tp or [1]) for s in _shapes(models, t, batch, seqlen)]
-    layer_shapes = (_layer_shapes(models, tp or [1], batch, seqlen)
-                    if family in (Family.layer, Family.module, Family.all) else [None] * len(shapes))
+    if family is Family.model:
+        layer_shapes = _model_shapes(models, tp or [1], batch, seqlen, PATTERN if pattern is None else pattern)
+    elif family in (Family.layer, Family.module, Family.all):
+        layer_shapes = _layer_shapes(models, tp or [1], batch, seqlen)
+    else:
+        layer_shapes = [None] * len(shapes)
     import torch
 
     if not torch.cuda.is_available():
@@ -142,6 +179,18 @@ def bench_command(
         if mamba_tune.is_patched():
             fail("--family module: mamba-ssm is patched already (MAMBA_TUNE_PATCH_MAMBA_SSM?): "
                  "the baseline would run mamba-tune's kernels; unset it")
+    if family is Family.model:
+        try:
+            import transformers.models.nemotron_h.modeling_nemotron_h  # noqa: F401  (the model it times)
+
+            import mamba_tune
+            from autotune_cli.benchmarks.model import bench_model
+        except ImportError as e:
+            fail(f"the model benchmark needs transformers' NemotronH: {e}")
+        if mamba_tune.is_transformers_patched() or mamba_tune.is_patched():
+            fail("--family model: transformers or mamba-ssm is patched already (MAMBA_TUNE_PATCH_TRANSFORMERS, "
+                 "MAMBA_TUNE_PATCH_MAMBA_SSM?): the baseline would run mamba-tune's kernels; unset them")
+        header["pattern"] = layer_shapes[0][1].pattern
     from autotune_cli.benchmarks import account as acc
 
     layer_rows = (list(layer_stage or ()) + [*acc.STAGE_ROWS, *acc.LAYER_STEP] if account
@@ -168,6 +217,13 @@ def bench_command(
             rows += bench_module([lshape], torch_dtype, 200, stages=module_rows)
             if account:  # the stages, timed as the layer benchmark times them
                 rows += bench_layer([lshape], torch_dtype, 200, stages=acc.STAGE_ROWS)
+        if family is Family.model:
+            new = bench_model([lshape], torch_dtype, stages=model_stage or MODEL_STAGES)
+            rows += new
+            r = new[0]
+            err.print(f"{lshape[0]}: loss ours {r['ours_loss']:.6f}, {r['baseline']} {r['baseline_loss']:.6f} "
+                      f"(differ by {r['loss_abs_diff']:.2e}, tolerance {r['loss_tol']:.2e}); gradients' max "
+                      f"relative difference {r['grad_max_rel_diff']:.2e}")
         if account:
             tokens = lshape[1].batch * lshape[1].seqlen
             rows += acc.account_for(lshape[0], lshape[1], [r for r in rows if not acc.is_account(r)],
@@ -178,7 +234,8 @@ def bench_command(
     if family in (Family.norm, Family.all):
         header["lookup_us"] = lookup_us()
         err.print(f"runtime config lookup after the first call: {header['lookup_us']:.2f} us")
-    table = Table(title=f"ours vs mamba-ssm, batch {batch}, seqlen {seqlen}, {dtype.value}")
+    table = Table(title=f"ours vs {'transformers' if family is Family.model else 'mamba-ssm'}, batch {batch}, "
+                        f"seqlen {seqlen}, {dtype.value}")
     cols = ("model", "op", "shape", "ours ms", "ours GB/s", "mamba-ssm ms", "mamba-ssm GB/s", "speedup",
             "ours wall ms", "mamba-ssm wall ms", "ours graph ms", "mamba-ssm graph ms", "config")
     for c in cols:

@@ -25,6 +25,8 @@ LAYER_STAGES = ("layer_fwd", "layer_fwd_bwd", "layer_fwd_bwd_wall", "layer_fwd_b
 MODULE_STAGES = tuple(f"{kind}_{path}" for path in ("mem_eff", "unfused")
                       for kind in ("module_fwd", "module_fwd_wall", "module_fwd_graph", "module_train_step",
                                    "module_train_step_wall", "module_train_step_graph"))
+# The rows `bench --family model` can time (benchmarks/model.py documents each).
+MODEL_STAGES = ("model_train_step", "model_train_step_wall")
 
 
 def recomputing(fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -57,11 +57,12 @@ class Row:
     unit: str = "ms"
     configs: str = ""
     family: str = ""
+    no_ratio: bool = False  # the bench refused a ratio (a model row whose sides' losses disagree)
 
     @property
     def ratio(self) -> float | None:
         """mamba-ssm's over ours: above 1, ours is faster (or smaller)."""
-        return self.theirs / self.ours if self.theirs and self.ours > 0 else None
+        return self.theirs / self.ours if self.theirs and self.ours > 0 and not self.no_ratio else None
 
 
 @dataclass(frozen=True)
@@ -121,15 +122,16 @@ def _bench_rows(data: dict[str, Any], where: str) -> list[Row]:
             continue
         configs = _configs(r.get("configs") or r.get("config"))
         theirs = r.get("baseline_ms")
+        refused = "ratio_note" in r  # benchmarks/model.py: the sides' losses disagree
         rows.append(Row(r["model"], label, _number(r.get("ours_ms"), f"{at}.ours_ms"),
                         None if theirs is None else _number(theirs, f"{at}.baseline_ms"),
-                        configs=configs, family=r["family"]))
+                        configs=configs, family=r["family"], no_ratio=refused))
         for ours_key, theirs_key, suffix, unit in EXTRA:
             if r.get(ours_key) is not None:
                 theirs = r.get(theirs_key)
                 rows.append(Row(r["model"], label + suffix, _number(r[ours_key], f"{at}.{ours_key}"),
                                 None if theirs is None else _number(theirs, f"{at}.{theirs_key}"), unit,
-                                configs, r["family"]))
+                                configs, r["family"], refused))
     return rows
 
 
@@ -236,6 +238,11 @@ def _num(v: float | None, unit: str) -> str:
 
 def _ratio(r: Row) -> str:
     return "-" if r.ratio is None else f"{r.ratio:.2f}x"
+
+
+def _baseline(families: set[str]) -> str:
+    """The baseline column's name: transformers' own path for the model rows (benchmarks/model.py)."""
+    return "transformers" if families == {"model"} else "mamba-ssm" if "model" not in families else "baseline"
 
 
 def _model_order(model: str) -> tuple[int, int, str]:
@@ -369,7 +376,8 @@ def render(files: list[ResultFile], source: str) -> str:
     for card in sorted({k[0] for k in newest}):
         for family in sorted({k[1] for k in newest if k[0] == card}):
             out += [f"### {family} ({card.upper()})", "",
-                    "| model | row | card | ours | mamba-ssm | ratio | configs | file |", "|---|---|---|---|---|---|---|---|"]
+                    f"| model | row | card | ours | {_baseline({family})} | ratio | configs | file |",
+                    "|---|---|---|---|---|---|---|---|"]
             keys = sorted((k for k in newest if k[0] == card and k[1] == family), key=lambda k: (_model_order(k[2]), k[3]))
             for k in keys:
                 r, f = newest[k]
@@ -385,7 +393,8 @@ def render(files: list[ResultFile], source: str) -> str:
             out += ["", " ".join(f.about.split())]
         if f.command:
             out += ["", f"Command: `{f.command}`"]
-        out += ["", "| model | row | ours | mamba-ssm | ratio | configs |", "|---|---|---|---|---|---|"]
+        out += ["", f"| model | row | ours | {_baseline({r.family for r in f.rows})} | ratio | configs |",
+                "|---|---|---|---|---|---|"]
         for r in f.rows:
             out.append(f"| {r.model or '-'} | {r.label} | {_num(r.ours, r.unit)} | {_num(r.theirs, r.unit)} "
                        f"| {_ratio(r)} | {r.configs or '-'} |")

@@ -13,7 +13,6 @@ GPU tests: tests/patch/test_transformers_patch_gpu.py.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib
 import inspect
@@ -56,28 +55,6 @@ def modules() -> Iterator[dict[str, ModuleType]]:
     tp.unpatch_transformers()
     yield {f.model_type: importlib.import_module(f.module) for f in tp.FAMILIES if _present(f.model_type)}
     tp.unpatch_transformers()
-
-
-@contextlib.contextmanager
-def own_pytorch_path(mods: dict[str, ModuleType]) -> Iterator[None]:
-    """The models' own path as it runs on a CPU: transformers' PyTorch code. Where mamba-ssm was
-    importable when a modeling module was imported (another test made its pure-Python modules
-    importable), transformers picked mamba-ssm's Triton functions, which need a GPU; for the
-    block, each such function is transformers' decorated PyTorch function again."""
-    swapped: list[tuple[ModuleType, str, Any]] = []
-    for module in mods.values():
-        for tf_name in tp._functions(LEGACY):
-            original = vars(module).get(tf_name)
-            torch_function = getattr(tp._inner(original), "__wrapped__", None)
-            if original is None or torch_function is None or tp._resolved(original) == "transformers' PyTorch code":
-                continue
-            swapped.append((module, tf_name, original))
-            setattr(module, tf_name, torch_function)
-    try:
-        yield
-    finally:
-        for module, tf_name, original in swapped:
-            setattr(module, tf_name, original)
 
 
 def _transformers() -> ModuleType:
@@ -390,7 +367,7 @@ def test_forward_matches_the_models_own_path(modules, model_type, tmp_path):
     model = hf_tiny.MODELS[model_type]().eval()
     ids = hf_tiny.tokens()
     with torch.no_grad():
-        with own_pytorch_path(modules):
+        with hf_tiny.own_pytorch_path(modules):
             want = model(ids).logits
         with mamba_tune.patched_transformers(), mamba_tune.record_calls(tmp_path / "calls.json"):
             got, _ = _quiet_forward(model, ids)
@@ -406,7 +383,7 @@ def test_cached_generation_matches_the_models_own_path(modules, model_type, tmp_
     model = hf_tiny.MODELS[model_type]().eval()
     ids = hf_tiny.tokens(seqlen=24)
     kwargs = {"max_new_tokens": 4, "do_sample": False, "return_dict_in_generate": True, "output_logits": True}
-    with own_pytorch_path(modules):
+    with hf_tiny.own_pytorch_path(modules):
         want = model.generate(ids, **kwargs)
     with mamba_tune.patched_transformers(), mamba_tune.record_calls(tmp_path / "calls.json"):
         got, _ = _quiet_forward(model.generate, ids, **kwargs)
@@ -427,7 +404,7 @@ def test_training_step_matches_the_models_own_path(modules, model_type, tmp_path
     theirs = hf_tiny.MODELS[model_type]().train()
     ours = copy.deepcopy(theirs)
     ids = hf_tiny.tokens()
-    with own_pytorch_path(modules):
+    with hf_tiny.own_pytorch_path(modules):
         want = theirs(ids, labels=ids)
         want.loss.backward()
     with mamba_tune.patched_transformers(), mamba_tune.record_calls(tmp_path / "calls.json"):
