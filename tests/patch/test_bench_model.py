@@ -6,6 +6,7 @@ timings themselves need the GPU (the bench command on the device machine)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import json
 
@@ -135,3 +136,19 @@ def test_results_render_model_rows_against_transformers_and_keep_a_refused_ratio
     assert "| nemotron-h-8b | model_train_step | H100 | 100.000 ms | 102.000 ms | 1.02x |" in doc
     assert "| nemotron-h-8b | model_train_step peak memory | H100 | 900 MiB | 1000 MiB | 1.11x |" in doc
     assert "| nemotron-h-8b | model_train_step_wall | H100 | 100.000 ms | 102.000 ms | - |" in doc
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_bench_runs_end_to_end_on_a_gpu(nemotron_h):
+    """The rows at tiny dims (`pytest -m gpu tests/patch/test_bench_model.py`): what the full run
+    writes, with both sides run, their losses agreeing and a ratio."""
+    s = mb.ModelShape(dataclasses.replace(TINY.layer, batch=4, seqlen=256), TINY.hybrid, TINY.pattern, TINY.vocab)
+    rows = mb.bench_model([("tiny", s)], torch.bfloat16, rep_ms=50)
+    assert [r["stage"] for r in rows] == list(mb.STAGES)
+    for r in rows:
+        assert r["loss_abs_diff"] <= r["loss_tol"] and r["ratio"] == r["baseline_ms"] / r["ours_ms"] > 0, r
+        assert r["baseline"].startswith("transformers ("), r
+        assert all(v.startswith("mamba_tune.") for v in r["ours_calls"].values()), r
+    assert rows[0]["ours_peak_mib"] > 0 and rows[0]["baseline_peak_mib"] > 0
+    assert not mamba_tune.is_transformers_patched()
