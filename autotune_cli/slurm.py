@@ -257,8 +257,7 @@ class SlurmSweep:
         return d
 
     def _submit(self, combos: list[Combo], bundle: Bundle | None, state: dict[str, Any], why: str) -> str:
-        warm_bundles = self.job.warm_bundles(self.bundle_path.parent.name)
-        dirs = [str(self._prepare(c, bundle, warm_bundles).resolve()) for c in combos]
+        dirs = [str(self._prepare(c, bundle, self._warm_bundles()).resolve()) for c in combos]
         ex = self._executor()
         try:
             jobs = ex.map_array(run_task, dirs)
@@ -273,10 +272,15 @@ class SlurmSweep:
         save_state(self.dir, state)
         return array_id
 
+    def _warm_bundles(self) -> list[Bundle]:
+        return self.job.warm_bundles(self.bundle_path.parent.name)
+
     def run(self) -> SweepResult:
+        # Bad input (the bundle to resume, a --warm-start bundle) fails before anything is written.
+        bundle, stale = self._bundle()
+        self._warm_bundles()
         private_dir(self.dir)
         private_dir(self.logs)
-        bundle, stale = self._bundle()
         todo, results = self.job.todo(bundle, stale)
         with FileLock(str(self.dir / f"{STATE_FILE}.lock"), timeout=60):
             state = load_state(self.dir)

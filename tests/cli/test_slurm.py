@@ -196,6 +196,13 @@ def test_bad_slurm_options_are_one_line(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 2, r.stderr  # the dry-run note + error
         assert word in r.stderr.splitlines()[-1]
         assert not (tmp_path / "out").exists()
+    # A --warm-start bundle that cannot be read: refused before the state folder is made.
+    bad = tmp_path / "h200.json"
+    bad.write_text("{", encoding="utf-8")
+    r = subprocess.run(sweep_cmd(sp, tmp_path / "out", "--warm-start", str(bad)), env=e, cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and str(bad) in r.stderr.splitlines()[-1], r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_task_folder_is_made_private_and_must_be_this_users(tmp_path):
