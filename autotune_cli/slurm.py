@@ -278,7 +278,7 @@ class SlurmSweep:
     def run(self) -> SweepResult:
         # Bad input (the bundle to resume, a --warm-start bundle) fails before anything is written.
         bundle, stale = self._bundle()
-        self._warm_bundles()
+        warm = self._warm_bundles()
         private_dir(self.dir)
         private_dir(self.logs)
         todo, results = self.job.todo(bundle, stale)
@@ -289,7 +289,8 @@ class SlurmSweep:
             submit = [c for c in todo if c.key not in active]
             self.console.print(
                 f"sweep {self.job.bundle_name} (slurm): {len(self.job.combos)} combos, {len(results)} already in "
-                f"{self.bundle_path}, {len(in_flight)} still queued or running, {len(submit)} to submit")
+                f"{self.bundle_path}, {len(in_flight)} still queued or running, {len(submit)} to submit"
+                f"{self.job.adoption_note(submit, warm)}")
             if submit:
                 array_id = self._submit(submit, bundle, state, "sweep")
                 self.console.print(

@@ -288,7 +288,7 @@ class Sweep:
         where = "CPU dry run (Helion ref mode, default configs, no search)" if self.opt.cpu_dry_run else \
             f"{gpu.name} x{len(slots)}"
         con.print(f"sweep {self.job.bundle_name}: {len(self.job.combos)} combos, {len(results)} already in {path}, "
-                  f"{len(todo)} to tune on {where}", markup=False)
+                  f"{len(todo)} to tune on {where}{self.job.adoption_note(todo, warm)}", markup=False)
         if not todo:
             return SweepResult(path, results)
 

@@ -164,6 +164,16 @@ class SweepJob:
         adopt = adoption(combo, siblings) if self.options.adopt_sibling else None
         return job if adopt is None else {**job, "adopt": adopt}
 
+    def adoption_note(self, todo: Sequence[Combo], siblings: Sequence[Bundle]) -> str:
+        """For the sweep's opening line, with --adopt-sibling: how many of the combos to tune a
+        sibling bundle holds fresh (adopted after a check and a timing, unless that refuses them)."""
+        if not self.options.adopt_sibling:
+            return ""
+        offers = [adoption(c, siblings) for c in todo]
+        n = sum(a is not None and "refused" not in a for a in offers)
+        skus = sorted({a["from"] for a in offers if a is not None and "refused" not in a})
+        return f" ({n} to adopt from {', '.join(skus) or 'a sibling'} after a check, the rest searched)"
+
     def timeout_s(self) -> float:
         """How long a combo's worker may run: --timeout, else 2 x the search budget + 10 min."""
         if self.options.timeout_s is not None:

@@ -92,6 +92,9 @@ def test_the_job_adopts_the_first_fresh_sibling_entry_and_refuses_a_stale_one(tm
     # The flag travels in the worker's job description (both executors write it with worker_job).
     assert job(tmp_path).worker_job(fwd, [fresh], [fresh])["adopt"]["config"] == FWD_CFG
     assert "adopt" not in job(tmp_path, adopt=False).worker_job(fwd, [fresh], [fresh])
+    assert job(tmp_path).adoption_note([fwd, bwd], [stale, fresh]) == \
+        " (1 to adopt from h100 after a check, the rest searched)"
+    assert job(tmp_path, adopt=False).adoption_note([fwd, bwd], [stale, fresh]) == ""
 
 
 def test_what_refuses_an_adoption():
@@ -140,6 +143,10 @@ def test_a_dry_run_sweep_adopts_fresh_fitting_entries_and_searches_the_rest(tmp_
     assert got["gated_norm_bwd", 64].config != FWD_CFG and got["gated_norm_bwd", 40].config != BWD_CFG
     flat = " ".join(r.stderr.split())
     assert flat.count("adopted from h200 (no search)") == 1, r.stderr[-3000:]
+    # The opening line counts what the sibling bundles offer: the rejected config is offered (the
+    # worker refuses it), the stale entry is not.
+    assert "4 to tune on CPU dry run (Helion ref mode, default configs, no search) (2 to adopt from h200 after a " \
+           "check, the rest searched)" in " ".join((r.stdout + r.stderr).split()), r.stdout[-2000:]
     logs = "".join(p.read_text() for p in (out / "logs").rglob("*.log"))
     assert "not adopting the h200 entry's config (its config does not fit this kernel here: InvalidConfig: Not " \
            "enough values for config['block_sizes']" in logs, logs[-3000:]
