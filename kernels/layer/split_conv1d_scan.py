@@ -263,6 +263,48 @@ def _keep(dims: _Dims, y: torch.Tensor, inter: SSDIntermediates | None, rmsnorm_
     return kept
 
 
+def _head_backward(dims: _Dims, opts: _Options, dout: torch.Tensor, y: torch.Tensor | None, z: torch.Tensor,
+                   zx0: torch.Tensor, rmsnorm_weight: torch.Tensor | None, outproj_weight: torch.Tensor | None,
+                   outproj_bias: torch.Tensor | None, autocast: torch.dtype | None, dzx0: torch.Tensor,
+                   dz_out: torch.Tensor, grads: dict[str, torch.Tensor | None]) -> torch.Tensor:
+    """The backward through the layer's head (gated norm, SwiGLU part, out_proj) from dout to the
+    SSD: out_proj's and the norm's weight gradients into grads, d(z0, x0) into dzx0 and, with the
+    norm, dz into dz_out (its slice of the gradient buffer). Returns dy (..., dim) in zxbcdt's
+    dtype: the gradient of the norm's input y with the norm, of the SSD's z-gated output without.
+    y: the SSD output (batch, seqlen, dim); None when neither the norm nor out_proj is there.
+    (Module-level so that an experiment can swap in another order of the same work.)"""
+    gated_out = rstd = None
+    if outproj_weight is not None or rmsnorm_weight is not None:
+        gated_out = y
+        if rmsnorm_weight is not None:
+            gated_out, rstd = _norm(dims, opts, y, z, rmsnorm_weight)
+    if outproj_weight is not None:
+        weight = outproj_weight if autocast is None else outproj_weight.to(autocast)
+        dlin = dout.to(weight.dtype)
+        if outproj_bias is not None:
+            grads["outproj_bias"] = dlin.sum(dim=(0, 1)).to(outproj_bias.dtype)
+        assert gated_out is not None
+        lin_in = gated_out if dims.d_mlp == 0 else torch.cat([_swiglu(zx0), gated_out], dim=-1)
+        grads["outproj_weight"] = torch.einsum("bso,bsd->od", dlin, lin_in.to(weight.dtype)).to(outproj_weight.dtype)
+        del lin_in
+        dout = F.linear(dlin, weight.t())
+    dout = dout.to(z.dtype)
+    if dims.d_mlp > 0:
+        _swiglu_bwd(zx0, dout[..., :dims.d_mlp], dzx0)
+    dy = dout[..., dims.d_mlp:]
+    del gated_out, dout
+    if rmsnorm_weight is None:
+        return dy
+    # The norm's backward on the SSD output y and the recomputed rstd.
+    assert y is not None and rstd is not None
+    gs = dims.dim // dims.ngroups
+    dy2, _dz, dw, _ = gated._bwd(gated._rows(dy), gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous(), None,
+                                 None, rstd, gs, opts.norm_before_gate, True,
+                                 dz2=dz_out.reshape(dims.batch * dims.seqlen, dims.dim))
+    grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
+    return dy2
+
+
 def split_conv1d_scan_backward(
     dout: torch.Tensor, dfinal_states: torch.Tensor | None, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
     conv1d_bias: torch.Tensor | None, dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, chunk_size: int,
@@ -313,7 +355,7 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     # intermediates recomputed on the way (those not kept) serve the SSD backward too.
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
     x, B, C, z4 = _ssd_inputs(dims, xBC_conv, z)
-    gated_out = y = rstd = None
+    y = None
     ssd_kw: dict[str, Any] = {"dt_bias": dt_bias, "initial_states": initial_states, "seq_idx": seq_idx,
                               "dt_softplus": True, "dt_limit": opts.dt_limit, "saved": kept.ssd}
     if (outproj_weight is not None or rmsnorm_weight is not None) and kept.y is None:
@@ -324,47 +366,16 @@ def _backward(dims: _Dims, opts: _Options, dout: torch.Tensor, dfinal_states: to
     else:
         y = kept.y
         inter = ssd_intermediates(x, dt, A, B, C, opts.chunk_size, **ssd_kw)
-    if outproj_weight is not None or rmsnorm_weight is not None:
-        gated_out = y
-        if rmsnorm_weight is not None:
-            gated_out, rstd = _norm(dims, opts, y, z, rmsnorm_weight)
-    if outproj_weight is not None:
-        weight = outproj_weight if autocast is None else outproj_weight.to(autocast)
-        dlin = dout.to(weight.dtype)
-        if outproj_bias is not None:
-            grads["outproj_bias"] = dlin.sum(dim=(0, 1)).to(outproj_bias.dtype)
-        assert gated_out is not None
-        lin_in = gated_out if dims.d_mlp == 0 else torch.cat([_swiglu(zx0), gated_out], dim=-1)
-        grads["outproj_weight"] = torch.einsum("bso,bsd->od", dlin, lin_in.to(weight.dtype)).to(outproj_weight.dtype)
-        del lin_in
-        dout = F.linear(dlin, weight.t())
-    dout = dout.to(zxbcdt.dtype)
-    if dims.d_mlp > 0:
-        _swiglu_bwd(zx0, dout[..., :dims.d_mlp], dzx0)
-    dy = dout[..., dims.d_mlp:]
-    del gated_out
-
-    if rmsnorm_weight is None:
-        y = None  # only out_proj's weight gradient read it
-        g = ssd_backward(dy.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
-                         opts.chunk_size, D=D, z=z4, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter,
-                         dx=dx_out, ddt=ddt_out, dB=dB_out, dC=dC_out,
-                         dz=dz_out.unflatten(-1, (dims.nheads, dims.headdim)))
-    else:
-        # The norm's backward on the recomputed SSD output y and rstd.
-        assert y is not None and rstd is not None
-        gs = dims.dim // dims.ngroups
-        y2, z2, w = gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous()
-        dy2, _dz, dw, _ = gated._bwd(gated._rows(dy), y2, z2, w, None, None, rstd, gs, opts.norm_before_gate,
-                                     True, dz2=dz_out.reshape(b * s, dims.dim))
-        del y, y2, rstd, _dz
-        grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
-        g = ssd_backward(dy2.reshape(b, s, dims.nheads, dims.headdim), dfinal_states, x, dt, A, B, C,
-                         opts.chunk_size, D=D, z=None, dt_bias=dt_bias, initial_states=initial_states,
-                         seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter,
-                         dx=dx_out, ddt=ddt_out, dB=dB_out, dC=dC_out)
-        del dy2
+    dy = _head_backward(dims, opts, dout, y, z, zx0, rmsnorm_weight, outproj_weight, outproj_bias, autocast,
+                        dzx0, dz_out, grads).reshape(b, s, dims.nheads, dims.headdim)
+    y = None  # the head's backward was its last reader
+    # Without the norm, z gates the SSD output: the SSD's backward writes dz.
+    g = ssd_backward(dy, dfinal_states, x, dt, A, B, C, opts.chunk_size, D=D,
+                     z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias, initial_states=initial_states,
+                     seq_idx=seq_idx, dt_softplus=True, dt_limit=opts.dt_limit, intermediates=inter,
+                     dx=dx_out, ddt=ddt_out, dB=dB_out, dC=dC_out,
+                     dz=dz_out.unflatten(-1, (dims.nheads, dims.headdim)) if rmsnorm_weight is None else None)
+    del dy
     del xBC_conv, x, B, C, inter
     del dx_out, dB_out, dC_out
     grads.update({"dt_bias": g["dt_bias"], "A": g["A"], "D": g["D"], "initial_states": g["initial_states"]})
