@@ -14,7 +14,8 @@ process, `do_bench` medians (L2 flushed) in ms:
    unpatched (mamba-ssm), patched (mamba-tune), and patched with `recompute.installed()` (on the
    borrowed config), with peak memory, the ratios, and whether the gradients equal the patched
    step's bitwise; then the patched step again (drift check).
-Prints one table; `--json-out` writes its rows. Exits 2 after one line for a bad argument or
+Prints one table ("vs ref": the named reference row's ms over this row's, > 1: faster; "peak MiB":
+one step's peak above what was allocated before it); `--json-out` writes its rows. Exits 2 after one line for a bad argument or
 without a CUDA GPU; 1 when a preset failed (the others still run).
 """
 
