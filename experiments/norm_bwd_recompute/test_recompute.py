@@ -10,20 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import helion.language as hl
 import pytest
 import recompute
 import torch
-from helion.runtime.ref_mode import RefMode
 
 import mamba_tune
-from mamba_tune import runtime
 from mamba_tune.layer import split_conv1d_scan as layer
 from mamba_tune.norm import gated
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "layer"))
+sys.path.insert(0, str(ROOT / "tests"))
+from eager_kernels import eager_kernels, smallest_block  # noqa: E402
 from layer_inputs import Layer  # noqa: E402
 
 
@@ -45,21 +44,8 @@ def ref_mode_small_blocks():
     """The norm kernels in ref mode with the smallest `register_block_size` (several programs'
     dweight partials, as tests/layer/conftest.py's layer_ref_mode)."""
     kernels = [gated.gated_norm_fwd_kernel, gated.gated_norm_bwd_kernel, recompute.gated_norm_bwd_recompute_kernel]
-    saved = [k.settings.ref_mode for k in kernels]
-    saved_block = hl.register_block_size._ref_fn
-    hl.register_block_size._ref_fn = lambda a, b=None, /: 1 if b is None else a
-    for k in kernels:
-        k.settings.ref_mode = RefMode.EAGER
-        k.reset()
-    runtime.configure()
-    try:
+    with eager_kernels(kernels, smallest_block):
         yield
-    finally:
-        hl.register_block_size._ref_fn = saved_block
-        for k, mode in zip(kernels, saved, strict=True):
-            k.settings.ref_mode = mode
-            k.reset()
-        runtime.configure()
 
 
 # (rows, d, group_size, has_z, norm_before_gate, has_bias, is_rms, dtype)

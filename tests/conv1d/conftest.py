@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import helion.language as hl
 import pytest
-from helion.runtime.ref_mode import RefMode
+from eager_kernels import eager_kernels
 
-from mamba_tune import runtime
 from mamba_tune.conv1d import bwd, bwd_slide, fwd, update
 
 SMALL_BLOCKS = (8, 3)  # (positions per program, positions per step)
@@ -44,19 +42,5 @@ class _SmallBlocks:
 
 @pytest.fixture
 def conv_ref_mode() -> Iterator[None]:
-    kernels = _conv_kernels()
-    saved = [k.settings.ref_mode for k in kernels]
-    saved_block_ref = hl.register_block_size._ref_fn
-    hl.register_block_size._ref_fn = _SmallBlocks()
-    for k in kernels:
-        k.settings.ref_mode = RefMode.EAGER
-        k.reset()
-    runtime.configure()  # drop callables compiled in the other mode
-    try:
+    with eager_kernels(_conv_kernels(), _SmallBlocks()):
         yield
-    finally:
-        hl.register_block_size._ref_fn = saved_block_ref
-        for k, mode in zip(kernels, saved, strict=True):
-            k.settings.ref_mode = mode
-            k.reset()
-        runtime.configure()

@@ -9,18 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import helion.language as hl
 import pytest
-from helion.runtime.ref_mode import RefMode
+from eager_kernels import eager_kernels, smallest_block
 
 from autotune_cli.tuning import all_kernels
-from mamba_tune import runtime
 from mamba_tune.conv1d import bwd, bwd_slide, fwd
-
-
-def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
-    # register_block_size(max) allows 1; register_block_size(min, max) allows min.
-    return 1 if max_or_none is None else min_or_max
 
 
 @pytest.fixture
@@ -35,19 +28,5 @@ def layer_ref_mode(request: pytest.FixtureRequest) -> Iterator[None]:
     rks = [*all_kernels().values(), fwd.CAUSAL_CONV1D_FWD, bwd.CAUSAL_CONV1D_BWD,
            bwd.CAUSAL_CONV1D_BWD_DX, bwd_slide.CAUSAL_CONV1D_BWD_SLIDE]
     kernels = list({id(rk.kernel): rk.kernel for rk in rks}.values())
-    saved = [k.settings.ref_mode for k in kernels]
-    saved_block_ref = hl.register_block_size._ref_fn
-    if blocks == "min":
-        hl.register_block_size._ref_fn = _smallest_block
-    for k in kernels:
-        k.settings.ref_mode = RefMode.EAGER
-        k.reset()
-    runtime.configure()  # drop callables compiled in the other mode
-    try:
+    with eager_kernels(kernels, smallest_block if blocks == "min" else None):
         yield
-    finally:
-        hl.register_block_size._ref_fn = saved_block_ref
-        for k, mode in zip(kernels, saved, strict=True):
-            k.settings.ref_mode = mode
-            k.reset()
-        runtime.configure()

@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import helion.language as hl
 import pytest
-from helion.runtime.ref_mode import RefMode
+from eager_kernels import eager_kernels, smallest_block
 
 from autotune_cli.tuning import all_kernels
-from mamba_tune import runtime
 
 
 def _ssd_kernels() -> list[Any]:
@@ -36,11 +34,6 @@ def _ssd_kernels() -> list[Any]:
             dbdc_two_pass.dbdc_kernel]
 
 
-def _smallest_block(min_or_max: int, max_or_none: int | None = None, /) -> int:
-    # register_block_size(max) allows 1; register_block_size(min, max) allows min.
-    return 1 if max_or_none is None else min_or_max
-
-
 @pytest.fixture
 def ssd_ref_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the SSD kernels in Helion ref mode for this test (their bodies eagerly, on CPU),
@@ -48,20 +41,5 @@ def ssd_ref_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     blocks = getattr(request, "param", "min")
     if blocks not in ("min", "max"):
         raise ValueError(f"ssd_ref_mode: blocks must be 'min' or 'max', got {blocks!r}")
-    kernels = _ssd_kernels()
-    saved = [k.settings.ref_mode for k in kernels]
-    saved_block_ref = hl.register_block_size._ref_fn
-    if blocks == "min":
-        hl.register_block_size._ref_fn = _smallest_block
-    for k in kernels:
-        k.settings.ref_mode = RefMode.EAGER
-        k.reset()
-    runtime.configure()  # drop callables compiled in the other mode
-    try:
+    with eager_kernels(_ssd_kernels(), smallest_block if blocks == "min" else None):
         yield blocks
-    finally:
-        hl.register_block_size._ref_fn = saved_block_ref
-        for k, mode in zip(kernels, saved):
-            k.settings.ref_mode = mode
-            k.reset()
-        runtime.configure()
