@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,24 @@ MODULE_STAGES = tuple(f"{kind}_{path}" for path in ("mem_eff", "unfused")
                                    "module_train_step_wall", "module_train_step_graph"))
 # The rows `bench --family model` can time (benchmarks/model.py documents each).
 MODEL_STAGES = ("model_train_step", "model_train_step_wall")
+
+
+def check_bench(name: str, what: str, stages: Collection[str], known: Sequence[str]) -> None:
+    """A `bench_<name>` call's arguments before it touches a GPU: ValueError for a stage not in
+    `known` (`what`: the family's word in the message), RuntimeError without a CUDA GPU."""
+    unknown = set(stages) - set(known)
+    if unknown:
+        raise ValueError(f"unknown {what} stage(s) {sorted(unknown)}; known: {', '.join(known)}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"bench_{name} needs a CUDA GPU")
+
+
+def configs_since(before: dict[str, str]) -> dict[str, str]:
+    """The runtime's config resolutions (key -> source) made since `before` (a
+    `runtime.resolutions()` taken earlier): what a shape's rows ran on."""
+    from mamba_tune import runtime
+
+    return {k: v for k, v in runtime.resolutions().items() if k not in before}
 
 
 def recomputing(fn: Callable[[], Any]) -> Callable[[], Any]:

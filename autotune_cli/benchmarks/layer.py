@@ -46,7 +46,13 @@ import torch
 import torch.nn.functional as F
 
 from autotune_cli.benchmarks.common import LAYER_STAGES as STAGES
-from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
+from autotune_cli.benchmarks.common import (
+    check_bench,
+    configs_since,
+    graph_ms,
+    recomputing,
+    wall_ms,
+)
 from autotune_cli.presets import ModelDims
 from autotune_cli.timing import gpu_median_ms
 from mamba_tune import runtime
@@ -314,7 +320,7 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
             if stage in base:
                 row["baseline_peak_mib"] = peak_mib(base[stage])
         rows.append(row)
-    configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
+    configs = configs_since(sources)
     for row in rows:
         row["configs"] = configs
     return rows
@@ -323,9 +329,5 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
 def bench_layer(shapes: list[tuple[str, LayerShape]], dtype: torch.dtype, rep_ms: int = 200,
                 stages: Collection[str] = STAGES) -> list[dict[str, Any]]:
     """Time the layer rows (default: all of `STAGES`) ours vs mamba-ssm at each (label, shape). CUDA only."""
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown layer stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench_layer needs a CUDA GPU")
+    check_bench("layer", "layer", stages, STAGES)
     return [row for label, shape in shapes for row in _bench_shape(label, shape, dtype, rep_ms, stages)]

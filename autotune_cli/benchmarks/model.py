@@ -51,7 +51,7 @@ import torch
 
 import mamba_tune
 from autotune_cli.benchmarks.common import MODEL_STAGES as STAGES
-from autotune_cli.benchmarks.common import wall_ms
+from autotune_cli.benchmarks.common import check_bench, configs_since, wall_ms
 from autotune_cli.benchmarks.layer import WIDTH, LayerShape, layer_shape
 from autotune_cli.presets import MODEL_PRESETS
 from autotune_cli.timing import gpu_median_ms
@@ -243,7 +243,7 @@ def _bench_shape(label: str, s: ModelShape, dtype: torch.dtype, rep_ms: int, sta
         if note is not None:
             row["ratio_note"] = note
         rows.append(row)
-    configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
+    configs = configs_since(sources)
     for row in rows:
         row["configs"] = configs
     return rows
@@ -253,11 +253,7 @@ def bench_model(shapes: list[tuple[str, ModelShape]], dtype: torch.dtype, rep_ms
                 stages: Collection[str] = STAGES) -> list[dict[str, Any]]:
     """Time the model rows (default: all of `STAGES`) patched vs unpatched at each (label, shape).
     CUDA only. rep_ms: do_bench's repetition time (a step at Nemotron-H 8B b1 L8192: about 60 TFLOP of GEMMs, ~100 ms)."""
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown model stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench_model needs a CUDA GPU")
+    check_bench("model", "model", stages, STAGES)
     rows = []
     for label, shape in shapes:
         rows += _bench_shape(label, shape, dtype, rep_ms, stages)

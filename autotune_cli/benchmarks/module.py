@@ -46,7 +46,7 @@ import torch
 
 import mamba_tune
 from autotune_cli.benchmarks.common import MODULE_STAGES as STAGES
-from autotune_cli.benchmarks.common import graph_ms, wall_ms
+from autotune_cli.benchmarks.common import check_bench, configs_since, graph_ms, wall_ms
 from autotune_cli.benchmarks.layer import WIDTH, LayerShape
 from autotune_cli.timing import gpu_median_ms
 from mamba_tune import runtime
@@ -184,7 +184,7 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
         if kinds:
             rows += _bench_path(label, s, dtype, rep_ms, path, kinds)
             torch.cuda.empty_cache()
-    configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
+    configs = configs_since(sources)
     for row in rows:
         row["configs"] = configs
     return rows
@@ -193,9 +193,5 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
 def bench_module(shapes: list[tuple[str, LayerShape]], dtype: torch.dtype, rep_ms: int = 200,
                  stages: Collection[str] = STAGES) -> list[dict[str, Any]]:
     """Time the module rows (default: all of `STAGES`) patched vs unpatched at each (label, shape). CUDA only."""
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown module stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("bench_module needs a CUDA GPU")
+    check_bench("module", "module", stages, STAGES)
     return [row for label, shape in shapes for row in _bench_shape(label, shape, dtype, rep_ms, stages)]

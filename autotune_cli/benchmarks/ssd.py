@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from autotune_cli.benchmarks.common import SSD_STAGES as STAGES
-from autotune_cli.benchmarks.common import graph_ms, recomputing, wall_ms
+from autotune_cli.benchmarks.common import configs_since, graph_ms, recomputing, wall_ms
 from autotune_cli.timing import gpu_median_ms
 from autotune_cli.tuning import ModelShape
 from autotune_cli.tuning.ssd.inputs import SSDInputs, mamba_ssm_ops, mixer_dims
@@ -278,7 +278,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                      "shape": shape_text, "ours_ms": t_ours, "baseline_ms": t_base, "baseline": baseline_name,
                      "ratio": None if t_base is None or t_ours is None else t_base / t_ours,
                      "tflops": None, "gbps": None})
-    configs = {k: v for k, v in runtime.resolutions().items() if k not in sources}
+    configs = configs_since(sources)
     for row in rows:
         row["configs"] = configs
     return rows
