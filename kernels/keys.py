@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 from collections.abc import Callable
@@ -105,8 +106,15 @@ class KernelKey:
 
 def source_sha256(path: Path, function: str) -> str:
     """sha256 of a top-level function's source, read from its file without importing it: the
-    text from its first decorator to its last line (what inspect.getsource gives)."""
-    text = path.read_text(encoding="utf-8")
+    text from its first decorator to its last line (what inspect.getsource gives). Kept per
+    file version (its mtime and size): a sweep asks for every kernel's, for each bundle, per combo."""
+    st = path.stat()
+    return _source_sha256(str(path), function, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _source_sha256(path: str, function: str, _mtime_ns: int, _size: int) -> str:
+    text = Path(path).read_text(encoding="utf-8")
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef) and node.name == function:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
