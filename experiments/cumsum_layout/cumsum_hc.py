@@ -27,7 +27,7 @@ import helion.language as hl
 import torch
 
 from mamba_tune import keys, runtime, vocab
-from mamba_tune.ssd import chunk_cumsum, common
+from mamba_tune.ssd import chunk_cumsum
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -99,7 +99,6 @@ def chunk_cumsum_hc(dt: torch.Tensor, A: torch.Tensor, chunk_size: int, dt_bias:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """`mamba_tune.ssd.chunk_cumsum.chunk_cumsum_fwd`'s contract (the same checks and outputs)."""
     chunk_cumsum._check(dt, A, chunk_size, dt_bias, dt_limit)
-    common.check_chunk_size(chunk_size)
     return runtime.run(CUMSUM_HC, args_for(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit))
 
 
