@@ -14,7 +14,7 @@ process, `do_bench` medians (L2 flushed) in ms:
    unpatched (mamba-ssm), patched (mamba-tune), and patched with `recompute.installed()` (on the
    borrowed config), with peak memory, the ratios, and whether the gradients equal the patched
    step's bitwise; then the patched step again (drift check).
-Prints one table ("vs ref": the named reference row's ms over this row's, > 1: faster; "peak MiB":
+Prints each preset's table as it finishes ("vs ref": the named reference row's ms over this row's, > 1: faster; "peak MiB":
 one step's peak above what was allocated before it); `--json-out` writes its rows. Exits 2 after one line for a bad argument or
 without a CUDA GPU; 1 when a preset failed (the others still run).
 """
@@ -72,23 +72,29 @@ def main(argv: list[str]) -> int:
     failed = 0
     for label, dims, tp, batch, seqlen in runs:
         try:
-            rows += _one(label, dims, tp, batch, seqlen)
+            new = _one(label, dims, tp, batch, seqlen)
+            _print(new)  # each preset's rows as it finishes: a run cut short keeps what it measured
+            rows += new
+            _write(json_out, machine, rows)
         except Exception as e:  # say which preset and why, go on with the next
             failed += 1
             print(f"{PROG}: {label}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
                   file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
-    _print(rows)
-    if json_out is not None:
-        import datetime
-        import json
-
-        from mamba_tune.bundle import write_text_atomic
-
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        write_text_atomic(json_out, json.dumps({"machine": machine, "timestamp": stamp, "rows": rows}, indent=2))
-        print(f"wrote {json_out}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _write(json_out: Path | None, machine: str, rows: list[dict[str, Any]]) -> None:
+    if json_out is None:
+        return
+    import datetime
+    import json
+
+    from mamba_tune.bundle import write_text_atomic
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    write_text_atomic(json_out, json.dumps({"machine": machine, "timestamp": stamp, "rows": rows}, indent=2))
+    print(f"wrote {json_out}", file=sys.stderr)
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
