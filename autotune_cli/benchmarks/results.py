@@ -109,6 +109,20 @@ def _configs(sources: dict[str, str] | str | None) -> str:
     return ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda t: (-t[1], t[0])))
 
 
+# The batch and seqlen a family's rows are unlabelled at (bench's defaults); rows at any other
+# shape carry it after the model ("nemotron-3-nano-30b b8 L2048"), so that they never stand as,
+# or replace, the default shape's figure.
+DEFAULT_SHAPE = {"model": (1, 8192)}
+REFERENCE_SHAPE = (2, 8192)
+
+
+def _shape_label(data: dict[str, Any], family: str) -> str:
+    b, s = data.get("batch"), data.get("seqlen")
+    if not isinstance(b, int) or not isinstance(s, int) or (b, s) == DEFAULT_SHAPE.get(family, REFERENCE_SHAPE):
+        return ""
+    return f" b{b} L{s}"
+
+
 def _bench_rows(data: dict[str, Any], where: str) -> list[Row]:
     rows = []
     for i, r in enumerate(data["rows"]):
@@ -123,13 +137,14 @@ def _bench_rows(data: dict[str, Any], where: str) -> list[Row]:
         configs = _configs(r.get("configs") or r.get("config"))
         theirs = r.get("baseline_ms")
         refused = "ratio_note" in r  # benchmarks/model.py: the sides' losses disagree
-        rows.append(Row(r["model"], label, _number(r.get("ours_ms"), f"{at}.ours_ms"),
+        model = r["model"] + _shape_label(data, r["family"])
+        rows.append(Row(model, label, _number(r.get("ours_ms"), f"{at}.ours_ms"),
                         None if theirs is None else _number(theirs, f"{at}.baseline_ms"),
                         configs=configs, family=r["family"], no_ratio=refused))
         for ours_key, theirs_key, suffix, unit in EXTRA:
             if r.get(ours_key) is not None:
                 theirs = r.get(theirs_key)
-                rows.append(Row(r["model"], label + suffix, _number(r[ours_key], f"{at}.{ours_key}"),
+                rows.append(Row(model, label + suffix, _number(r[ours_key], f"{at}.{ours_key}"),
                                 None if theirs is None else _number(theirs, f"{at}.{theirs_key}"), unit,
                                 configs, r["family"], refused))
     return rows
@@ -247,9 +262,10 @@ def _baseline(families: set[str]) -> str:
 
 def _model_order(model: str) -> tuple[int, int, str]:
     """Presets in autotune_cli.presets' order, TP degrees rising, other names after."""
-    name, _, tp = model.partition(" tp")
+    name = model.split(" ")[0]
+    tp = re.search(r" tp(\d+)\b", model)
     presets = list(MODEL_PRESETS)
-    return (presets.index(name) if name in presets else len(presets), int(tp) if tp.isdigit() else 1, model)
+    return (presets.index(name) if name in presets else len(presets), int(tp.group(1)) if tp else 1, model)
 
 
 def latest(files: list[ResultFile]) -> dict[tuple[str, str, str, str], tuple[Row, ResultFile]]:
@@ -358,7 +374,8 @@ def render(files: list[ResultFile], source: str) -> str:
         out.append(f"- {m}")
     out += ["", "## Summary", "",
             "mamba-ssm's time over ours (above 1.00x ours is faster), then ours / mamba-ssm's in ms;",
-            "bf16, batch 2, seqlen 8192, the newest figure of each (next section). Graph: 20",
+            "bf16, batch 2, seqlen 8192 (other shapes say so after the model: `b8 L2048`), the newest",
+            "figure of each (next section). Graph: 20",
             "back-to-back calls replayed from a CUDA graph, so host time is left out on both sides.", ""]
     out += summary_tables(files)
     out += ["Reproduce on a card (name the files for it: `h100-...` on an H100), then regenerate:", ""]

@@ -138,3 +138,19 @@ def test_the_readmes_results_table_is_the_documents_summary() -> None:
     summary = DOC.read_text(encoding="utf-8").split("## Summary")[1].split("\n## ")[0].splitlines()
     assert len(rows) >= 4
     assert [r for r in rows if r not in summary] == []
+
+
+def test_a_row_at_another_shape_is_labelled_and_never_replaces_the_reference_shapes(tmp_path: Path) -> None:
+    # A module step at batch 8 x 2048, measured after the batch 2 x 8192 one, is its own row
+    # ("nemotron-3-nano-30b b8 L2048"); the reference shape's row keeps its figure.
+    def module_row(ours: float, theirs: float) -> dict:
+        return {"family": "module", "model": "nemotron-3-nano-30b", "stage": "module_train_step_mem_eff",
+                "ours_ms": ours, "baseline_ms": theirs}
+
+    bench_file(tmp_path, "h100-module-ref.json", "h100", [module_row(8.0, 10.0)], batch=2, seqlen=8192)
+    bench_file(tmp_path, "h100-module-b8.json", "h100", [module_row(9.0, 9.9)], time="2026-02-01T00:00:00+00:00",
+               batch=8, seqlen=2048)
+    text = render(load_results(tmp_path), "r")
+    newest = text.split("## Newest figure of each row", 1)[1]
+    assert "| nemotron-3-nano-30b | module_train_step_mem_eff | H100 | 8.000 ms | 10.000 ms | 1.25x |" in newest
+    assert "| nemotron-3-nano-30b b8 L2048 | module_train_step_mem_eff | H100 | 9.000 ms | 9.900 ms | 1.10x |" in newest
