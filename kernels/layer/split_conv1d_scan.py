@@ -271,8 +271,7 @@ def _head_backward(dims: _Dims, opts: _Options, dout: torch.Tensor, y: torch.Ten
     SSD: out_proj's and the norm's weight gradients into grads, d(z0, x0) into dzx0 and, with the
     norm, dz into dz_out (its slice of the gradient buffer). Returns dy (..., dim) in zxbcdt's
     dtype: the gradient of the norm's input y with the norm, of the SSD's z-gated output without.
-    y: the SSD output (batch, seqlen, dim); None when neither the norm nor out_proj is there.
-    (Module-level so that an experiment can swap in another order of the same work.)"""
+    y: the SSD output (batch, seqlen, dim); None when neither the norm nor out_proj is there."""
     gated_out = rstd = None
     if outproj_weight is not None or rmsnorm_weight is not None:
         gated_out = y
