@@ -28,6 +28,7 @@ CARD_NAME = re.compile(r"([a-z0-9]+)-[A-Za-z0-9._-]+\.json")
 # The summary's columns: (family, row, header). Graph rows where there are: replayed from a CUDA
 # graph, they leave out host time, which varies between hosts for mamba-ssm's launches.
 SUMMARY = (
+    ("module", "module_train_step_mem_eff", "Mamba2 training step (fused path)"),
     ("ssd", "fwd_bwd_graph", "SSD forward+backward (graph)"),
     ("ssd", "total_graph", "SSD forward (graph)"),
     ("norm", "gated_norm_fwd", "gated norm forward"),
@@ -312,6 +313,11 @@ def reproduce_commands(source: str, card: str = "h200") -> list[str]:
         "```bash",
         "P=\"--model nemotron-3-nano-30b --model nemotron-h-8b --model nemotron-h-47b --model mamba2-2.7b\"",
         "P=\"$P --model zamba2-2.7b --model falcon-h1-0.5b\"",
+        "M=\"--module-stage module_train_step_mem_eff\"",
+        f"mamba-tune bench --family module $P $M --json-out {r}-module-summary.json",
+        f"mamba-tune bench --family module --model nemotron-3-nano-30b --tp 2 $M --json-out {r}-module-summary-tp2.json",
+        "mamba-tune bench --family module --model nemotron-3-nano-30b --batch 8 --seqlen 2048 $M \\",
+        f"    --json-out {r}-module-summary-b8-l2048.json",
         "S=\"--ssd-stage fwd_bwd_graph --ssd-stage total_graph\"",
         f"mamba-tune bench --family ssd $P $S --json-out {r}-ssd-summary.json",
         f"mamba-tune bench --family ssd --model nemotron-3-nano-30b --tp 2 $S --json-out {r}-ssd-summary-tp2.json",
@@ -374,9 +380,10 @@ def render(files: list[ResultFile], source: str) -> str:
         out.append(f"- {m}")
     out += ["", "## Summary", "",
             "mamba-ssm's time over ours (above 1.00x ours is faster), then ours / mamba-ssm's in ms;",
-            "bf16, batch 2, seqlen 8192 (other shapes say so after the model: `b8 L2048`), the newest",
-            "figure of each (next section). Graph: 20",
-            "back-to-back calls replayed from a CUDA graph, so host time is left out on both sides.", ""]
+            "bf16, batch 2, seqlen 8192 (other shapes say so after the model: `b8 L2048`), the newest figure",
+            "of each (next section). Graph: 20 back-to-back calls replayed from a CUDA graph, so host time is",
+            "left out on both sides. The training step: mamba-ssm's `Mamba2` module (forward and backward",
+            "of its input and every parameter) patched against unpatched, causal-conv1d installed.", ""]
     out += summary_tables(files)
     out += ["Reproduce on a card (name the files for it: `h100-...` on an H100), then regenerate:", ""]
     out += reproduce_commands(source)

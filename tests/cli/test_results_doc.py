@@ -78,8 +78,8 @@ def test_each_card_gets_its_own_summary_rows_and_ratios_against_mamba_ssm(tmp_pa
                time="2026-03-01T00:00:00+00:00", config_mode="exact")
     text = render(load_results(tmp_path), "r")
     summary = text.split("## Summary")[1].split("Reproduce")[0]
-    assert "| H100 | mamba2-2.7b | **1.25x** (4.000 / 5.000) |" in summary
-    assert "| H200 | mamba2-2.7b | **1.50x** (2.000 / 3.000) |" in summary
+    assert "| H100 | mamba2-2.7b | - | **1.25x** (4.000 / 5.000) |" in summary  # no module step: "-"
+    assert "| H200 | mamba2-2.7b | - | **1.50x** (2.000 / 3.000) |" in summary
     assert "| mamba2-2.7b | fwd_bwd_graph | H200 | 2.000 ms | 3.000 ms | 1.50x | 1 default, 1 exact | h200-ssd-new.json |" in text
     assert "### h200-ssd-exact.json\n\nCard: H200 (NVIDIA H200 (132 SMs), torch 2.11.0+cu130). Lookup mode: exact." in text
 
