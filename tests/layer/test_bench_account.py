@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from bench_cli import assert_bench_refuses
 from typer.testing import CliRunner
 
 from autotune_cli.app import app
@@ -158,11 +159,7 @@ def test_the_table_has_the_accounts_columns_and_rows():
     (["--family", "ssd", "--account"], "--account: only with --family layer or module"),
 ])
 def test_account_rejects_other_families(tmp_path, args, message):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", *args, "--json-out", str(out)])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, args, message)
 
 
 def test_account_is_in_the_help():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bench_cli import assert_bench_refuses
 from typer.testing import CliRunner
 
-from autotune_cli.app import app
 from autotune_cli.benchmarks import layer
 from autotune_cli.benchmarks.common import LAYER_STAGES, recomputing
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
@@ -26,21 +26,13 @@ runner = CliRunner()
     (["--family", "layer", "--model", "nano"], "--model 'nano': unknown preset"),
 ])
 def test_bench_layer_rejects_bad_arguments_before_touching_a_gpu(tmp_path, args, message):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", *args, "--json-out", str(out)])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, args, message)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_bench_layer_without_a_gpu_is_a_one_line_error(tmp_path):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", "--family", "layer", "--model", "nemotron-3-nano-30b", "--tp", "2",
-                            "--layer-stage", "layer_fwd_bwd", "--json-out", str(out)])
-    assert r.exit_code == 2
-    assert "no CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, ["--family", "layer", "--model", "nemotron-3-nano-30b", "--tp", "2",
+                                    "--layer-stage", "layer_fwd_bwd"], "no CUDA GPU")
     with pytest.raises(RuntimeError, match="bench_layer needs a CUDA GPU"):
         layer.bench_layer([], torch.bfloat16)
     with pytest.raises(ValueError, match=r"unknown layer stage\(s\) \['x'\]"):

@@ -12,10 +12,10 @@ import json
 import mamba_ssm_cpu
 import pytest
 import torch
+from bench_cli import assert_bench_refuses
 from typer.testing import CliRunner
 
 import mamba_tune
-from autotune_cli.app import app
 from autotune_cli.benchmarks import layer
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
 from mamba_tune.ssd import combined
@@ -36,23 +36,15 @@ needs_mamba_ssm = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
     (["--family", "module", "--model", "nano"], "--model 'nano': unknown preset"),
 ])
 def test_bench_module_rejects_bad_arguments_before_touching_a_gpu(tmp_path, args, message):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", *args, "--json-out", str(out)])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, args, message)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_bench_module_without_a_gpu_is_a_one_line_error(tmp_path):
     from autotune_cli.benchmarks import module
 
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", "--family", "module", "--model", "nemotron-3-nano-30b",
-                            "--module-stage", "module_fwd_mem_eff", "--json-out", str(out)])
-    assert r.exit_code == 2
-    assert "no CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, ["--family", "module", "--model", "nemotron-3-nano-30b",
+                                    "--module-stage", "module_fwd_mem_eff"], "no CUDA GPU")
     with pytest.raises(RuntimeError, match="bench_module needs a CUDA GPU"):
         module.bench_module([], torch.bfloat16)
     with pytest.raises(ValueError, match=r"unknown module stage\(s\) \['x'\]"):

@@ -13,10 +13,10 @@ import json
 import hf_tiny
 import pytest
 import torch
+from bench_cli import assert_bench_refuses
 from typer.testing import CliRunner
 
 import mamba_tune
-from autotune_cli.app import app
 from autotune_cli.benchmarks import results
 from autotune_cli.benchmarks.layer import LayerShape
 from mamba_tune import transformers_patch as tp
@@ -40,20 +40,12 @@ runner = CliRunner()
     (["--family", "model", "--module-stage", "module_fwd_mem_eff"], "--module-stage: only with --family module"),
 ])
 def test_bench_model_rejects_bad_arguments_before_touching_a_gpu(tmp_path, args, message):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", *args, "--json-out", str(out)])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, args, message)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_bench_model_without_a_gpu_is_a_one_line_error(tmp_path):
-    out = tmp_path / "bench.json"
-    r = runner.invoke(app, ["bench", "--family", "model", "--json-out", str(out)])
-    assert r.exit_code == 2
-    assert "no CUDA GPU" in r.output and len(r.output.strip().splitlines()) == 1
-    assert not out.exists()
+    assert_bench_refuses(tmp_path, ["--family", "model"], "no CUDA GPU")
     with pytest.raises(RuntimeError, match="bench_model needs a CUDA GPU"):
         mb.bench_model([], torch.bfloat16)
     with pytest.raises(ValueError, match=r"unknown model stage\(s\) \['x'\]"):
