@@ -7,6 +7,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
+# The shape `mamba-tune bench` measures at unless told otherwise, and that `mamba-tune results`
+# leaves unlabelled: the reference layer's batch 2 x 8192, one sequence for a whole model's step.
+BENCH_SEQLEN = 8192
+
+
+def bench_batch(family: str) -> int:
+    """bench's default batch for a family ("model": a whole model's step; else the layer's)."""
+    return 1 if family == "model" else 2
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelDims:

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from autotune_cli.commands.common import DtypeChoice, err, fail, out
-from autotune_cli.presets import MODEL_PRESETS
+from autotune_cli.presets import BENCH_SEQLEN, MODEL_PRESETS, bench_batch
 from mamba_tune.keys import ModelShape
 from mamba_tune.vocab import torch_dtype as to_torch_dtype
 
@@ -72,7 +72,7 @@ def bench_command(
     model: Annotated[list[str] | None, typer.Option(metavar="PRESET", help="Model preset (repeatable; default: every preset, with --family model the hybrid ones).")] = None,
     tp: Annotated[list[int] | None, typer.Option(metavar="N", help="Tensor-parallel degree (repeatable; default 1).")] = None,
     batch: Annotated[int | None, typer.Option(metavar="N", help="Batch size (default 2; 1 with --family model).", min=1)] = None,
-    seqlen: Annotated[int, typer.Option(metavar="N", help="Sequence length.", min=1)] = 8192,
+    seqlen: Annotated[int, typer.Option(metavar="N", help="Sequence length.", min=1)] = BENCH_SEQLEN,
     dtype: Annotated[DtypeChoice, typer.Option(metavar="bf16|fp16|fp32", help="Input dtype.")] = DtypeChoice.bf16,
     json_out: Annotated[Path | None, typer.Option(metavar="FILE", help="Also write the rows, machine and versions as JSON.",
                                                   dir_okay=False)] = None,
@@ -121,7 +121,7 @@ def bench_command(
     if (model_stage or pattern is not None) and family is not Family.model:
         fail(f"{'--model-stage' if model_stage else '--pattern'}: only with --family model")
     if batch is None:
-        batch = 1 if family is Family.model else 2
+        batch = bench_batch(family.value)
     if family is Family.model:
         from autotune_cli.benchmarks.model import HYBRID_DIMS, PATTERN
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune_cli.presets import MODEL_PRESETS
+from autotune_cli.presets import BENCH_SEQLEN, MODEL_PRESETS, bench_batch
 from autotune_cli.review import sku_compare
 from mamba_tune.sku import sku_of
 
@@ -110,16 +110,11 @@ def _configs(sources: dict[str, str] | str | None) -> str:
     return ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda t: (-t[1], t[0])))
 
 
-# The batch and seqlen a family's rows are unlabelled at (bench's defaults); rows at any other
-# shape carry it after the model ("nemotron-3-nano-30b b8 L2048"), so that they never stand as,
-# or replace, the default shape's figure.
-DEFAULT_SHAPE = {"model": (1, 8192)}
-REFERENCE_SHAPE = (2, 8192)
-
-
 def _shape_label(data: dict[str, Any], family: str) -> str:
+    """'' at bench's default batch x seqlen for the family; else ' b8 L2048' after the model, so that
+    a row at another shape never stands as, or replaces, the default shape's figure."""
     b, s = data.get("batch"), data.get("seqlen")
-    if not isinstance(b, int) or not isinstance(s, int) or (b, s) == DEFAULT_SHAPE.get(family, REFERENCE_SHAPE):
+    if not isinstance(b, int) or not isinstance(s, int) or (b, s) == (bench_batch(family), BENCH_SEQLEN):
         return ""
     return f" b{b} L{s}"
 
