@@ -207,8 +207,7 @@ def bench_command(
     # One model shape at a time, with the JSON rewritten after each: a run stopped part way
     # (a device time limit) keeps what it measured, marked "complete": false.
     for i, (shape, lshape) in enumerate(zip(shapes, layer_shapes, strict=True), 1):
-        # A fresh process compiles every kernel of both sides on its first calls (over 100 s for
-        # the module at Nano TP1 on a fresh H100, 40 s once Triton's cache is warm): say so.
+        # Said before the first shape: compiling both sides' kernels can take minutes, silently.
         err.print(f"[{i}/{len(shapes)}] {shape[0]} started; elapsed {time.monotonic() - t0:.0f} s"
                   + (" (the first calls compile every kernel: a minute or more in a fresh process)" if i == 1 else ""))
         if family in (Family.norm, Family.all):

@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from bench_cli import assert_bench_refuses
-from typer.testing import CliRunner
 
 from autotune_cli.benchmarks import layer
 from autotune_cli.benchmarks.common import LAYER_STAGES, recomputing
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
-
-runner = CliRunner()
 
 
 @pytest.mark.parametrize("args,message", [

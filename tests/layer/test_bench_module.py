@@ -13,14 +13,12 @@ import mamba_ssm_cpu
 import pytest
 import torch
 from bench_cli import assert_bench_refuses
-from typer.testing import CliRunner
 
 import mamba_tune
 from autotune_cli.benchmarks import layer
 from autotune_cli.presets import MODEL_PRESETS, ModelDims
 from mamba_tune.ssd import combined
 
-runner = CliRunner()
 needs_mamba_ssm = pytest.mark.skipif(not mamba_ssm_cpu.installed(),
                                      reason="mamba-ssm is not installed (.ci/run installs it)")
 

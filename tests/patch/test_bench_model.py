@@ -14,7 +14,6 @@ import hf_tiny
 import pytest
 import torch
 from bench_cli import assert_bench_refuses
-from typer.testing import CliRunner
 
 import mamba_tune
 from autotune_cli.benchmarks import results
@@ -23,8 +22,6 @@ from mamba_tune import transformers_patch as tp
 
 pytest.importorskip("transformers")
 from autotune_cli.benchmarks import model as mb  # noqa: E402  (after the skip: it builds transformers' model)
-
-runner = CliRunner()
 
 
 @pytest.mark.parametrize("args,message", [
