@@ -103,8 +103,9 @@ def out_proj_bwd(s: LayerShape, e: int) -> Work:
 
 def norm_bwd(s: LayerShape, e: int) -> Work:
     """The gated RMSNorm's backward with its output recomputed for out_proj's weight gradient:
-    reads dnormed, y and z (T, dim), rstd (T, ngroups) fp32 and the weight, writes dy, dz and
-    normed (T, dim each) (the weight gradient's partials are parameter-sized: left out)."""
+    reads dnormed, y and z (T, dim), rstd (T, ngroups) fp32 (mamba-ssm's kept one; ours
+    recomputes it in the pass) and the weight, writes dy, dz and normed (T, dim each) (the weight
+    gradient's partials are parameter-sized: left out)."""
     t = _tokens(s)
     return Work(e * (6 * t * s.dim + s.dim) + 4 * t * s.ngroups)
 
@@ -140,9 +141,8 @@ class Stage:
     gemm: bool = False
 
 
-# The training step's stages in the order they run (both sides run each; mamba-ssm's backward
-# recomputes the norm's output inside its norm backward, ours in a separate norm forward: the
-# "norm_bwd_recompute" row times both of ours).
+# The training step's stages in the order they run (both sides run each; both recompute the
+# norm's output inside the norm's backward: the "norm_bwd_recompute" row).
 ACCOUNT = (
     Stage("fwd in_proj", "in_proj", in_proj_fwd, gemm=True),
     Stage("fwd conv1d", "conv1d", conv1d_fwd),

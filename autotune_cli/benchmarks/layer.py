@@ -26,8 +26,9 @@ Rows (`STAGES`), each with ours_ms, baseline_ms and ratio (= baseline_ms / ours_
 - Backward stages: "conv1d_bwd", "ssd_bwd" (ours recomputes its forward's intermediates,
   as mamba-ssm's, which also gets the saved SSD output), "norm_bwd"; "norm_bwd_recompute": the
   norm's backward and the recompute of its output that out_proj's weight gradient needs, as the
-  fused backward runs them (ours: the norm forward then its backward; mamba-ssm: its backward with
-  recompute_output); "out_proj_bwd" and "in_proj_bwd": the two torch GEMMs of each projection's
+  fused backward runs them (ours: its backward recomputing the statistics and the output in the
+  pass; mamba-ssm: its backward with recompute_output, from the kept rstd); "out_proj_bwd" and
+  "in_proj_bwd": the two torch GEMMs of each projection's
   backward (input and weight gradients; the same on both sides: timed once).
 The step account (`benchmarks/account.py`, `--account`) is assembled from these rows.
 do_bench medians (L2 flushed between runs). A side that cannot run (mamba-ssm missing, no
@@ -186,6 +187,7 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
     y2, z2, gs = y.reshape(b * L, s.dim), z.reshape(b * L, s.dim), s.dim // s.ngroups
     normed, _, rstd = gated._fwd(y2, z2, i.norm_weight, None, NORM_EPS, gs, False, True)
     dnormed = torch.randn_like(normed)
+    normed_again = torch.empty_like(normed)  # the fused backward's recompute of normed
     dy = torch.randn_like(y)
     dconv = torch.randn_like(xBC_t)
     dout = i.dout
@@ -203,8 +205,8 @@ def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
         "ssd_bwd": lambda: ssd_backward(dy, None, x, dt, i.A, B, C, s.chunk_size, D=i.D, dt_bias=i.dt_bias,
                                         dt_softplus=True),
         "norm_bwd": lambda: gated._bwd(dnormed, y2, z2, i.norm_weight, None, None, rstd, gs, False, True),
-        "norm_bwd_recompute": lambda: (gated._fwd(y2, z2, i.norm_weight, None, NORM_EPS, gs, False, True),
-                                       gated._bwd(dnormed, y2, z2, i.norm_weight, None, None, rstd, gs, False, True)),
+        "norm_bwd_recompute": lambda: gated._bwd(dnormed, y2, z2, i.norm_weight, None, None, None, gs, False, True,
+                                                 out2=normed_again, eps=NORM_EPS),
         # As autograd and the fused backward run them: the input gradient, then the weight's.
         "out_proj_bwd": lambda: (F.linear(dout, i.out_proj.t()), torch.einsum("bso,bsd->od", dout, normed3)),
         "in_proj_bwd": lambda: (torch.mm(dzxbcdt2, i.in_proj), torch.mm(dzxbcdt2.t(), u2)),

@@ -8,7 +8,7 @@ from autotune_cli.reference.conv1d import (
 )
 from autotune_cli.reference.decode import selective_state_update_ref
 from autotune_cli.reference.layer import split_conv1d_scan_ref
-from autotune_cli.reference.norm import gated_norm_ref, gated_norm_stats_ref
+from autotune_cli.reference.norm import gated_norm_ref
 from autotune_cli.reference.ssd import (
     bmm_chunk_ref,
     chunk_cumsum_ref,
@@ -30,7 +30,6 @@ __all__ = [
     "chunk_scan_ref",
     "chunk_state_ref",
     "gated_norm_ref",
-    "gated_norm_stats_ref",
     "selective_state_update_ref",
     "split_conv1d_scan_ref",
     "ssd_chunked_grads",

@@ -45,16 +45,3 @@ def gated_norm_ref(
         out = out * F.silu(z)
     return out.to(dtype)
 
-
-def gated_norm_stats_ref(
-    x: torch.Tensor, z: torch.Tensor | None, eps: float, group_size: int, norm_before_gate: bool, is_rms_norm: bool
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(mean, rstd) per (row, group) in fp32, shaped (rows, ngroups); mean is None for RMS norm."""
-    x = x.float()
-    if z is not None and not norm_before_gate:
-        x = x * F.silu(z.float())
-    xg = x.unflatten(-1, (x.shape[-1] // group_size, group_size))
-    if is_rms_norm:
-        return None, torch.rsqrt(xg.square().mean(dim=-1) + eps)
-    mean = xg.mean(dim=-1)
-    return mean, torch.rsqrt((xg - mean[..., None]).square().mean(dim=-1) + eps)

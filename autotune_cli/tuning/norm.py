@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from autotune_cli.reference import gated_norm_ref, gated_norm_stats_ref
+from autotune_cli.reference import gated_norm_ref
 from autotune_cli.tuning.record import (
     Baseline,
     Problem,
@@ -48,15 +48,19 @@ class _NormInputs:
             return {"out": out.float()}
         grads = torch.autograd.grad(out, [t for t in leaves if t is not None], self.dy.to(out.dtype))
         names = [n for n, t in zip(("dx", "dz", "dw", "db"), leaves) if t is not None]
-        return {n: g.float() for n, g in zip(names, grads)}
+        # The backward also gives the output back, recomputed (the fused layer's call).
+        return {**{n: g.float() for n, g in zip(names, grads)}, "out": out.detach().float()}
 
 
-def _norm_bytes(dims: dict[str, int], dtype: torch.dtype, bwd: bool) -> int:
+def _norm_bytes(dims: dict[str, int], dtype: torch.dtype, bwd: bool, recompute: bool = False) -> int:
+    """Bytes a call moves: the forward reads x (and z), writes out and the statistics; the
+    backward reads dy, x (and z) and the statistics, writes dx (and dz); with `recompute` (the
+    fused layer's call) it reads no statistics and writes out as well."""
     rows, d = dims["rows"], dims["d"]
     e = torch.finfo(dtype).bits // 8
     n_in = 1 + dims["has_z"] + (1 if bwd else 0)  # x, z, (dy)
-    n_out = 1 + (dims["has_z"] if bwd else 0)  # out | dx, dz
-    stats = rows * (d // dims["group_size"]) * 4 * (1 if dims["is_rms"] else 2)
+    n_out = 1 + (dims["has_z"] if bwd else 0) + (1 if recompute else 0)  # out | dx, dz, (out)
+    stats = 0 if recompute else rows * (d // dims["group_size"]) * 4 * (1 if dims["is_rms"] else 2)
     return rows * d * e * (n_in + n_out) + stats
 
 
@@ -76,18 +80,23 @@ def _make_fwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
 
 
 def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
+    """The call the fused layer's backward makes (what the training step runs): the statistics
+    recomputed in the pass and the forward's output written again, for out_proj's weight
+    gradient. The autograd function's backward (statistics given, no output) runs the same
+    key's config."""
     inp = _NormInputs(dims, dtype, device, seed)
     rows, d, gs = dims["rows"], dims["d"], dims["group_size"]
     v3 = (rows, d // gs, gs)
-    mean, rstd = gated_norm_stats_ref(inp.x, inp.z, inp.eps, gs, inp.nbg, inp.rms)
+    recomputed = torch.empty(v3, dtype=dtype, device=device)
     args = (inp.dy.view(v3), inp.x.view(v3), None if inp.z is None else inp.z.view(v3), inp.w.view(-1, gs),
-            None if inp.b is None else inp.b.view(-1, gs), mean, rstd.contiguous(),
-            None if inp.z is None else torch.empty(v3, dtype=dtype, device=device), inp.nbg, inp.rms)
+            None if inp.b is None else inp.b.view(-1, gs), None, None,
+            None if inp.z is None else torch.empty(v3, dtype=dtype, device=device), recomputed, inp.eps,
+            inp.nbg, inp.rms)
 
     def outputs(res):
         dx, dz, dw, db = res
         db = db if inp.b is not None else None
-        out = {"dx": dx.reshape(rows, d).float()}
+        out = {"dx": dx.reshape(rows, d).float(), "out": recomputed.reshape(rows, d).float()}
         if dz is not None:
             out["dz"] = dz.reshape(rows, d).float()
         out["dw"] = dw.reshape(d).float()
@@ -100,7 +109,7 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
         reference=lambda: inp.ref(upcast=True, with_grad=True),
         lowp_reference=lambda: inp.ref(upcast=False, with_grad=True),
         outputs=outputs,
-        bytes_moved=_norm_bytes(dims, dtype, bwd=True),
+        bytes_moved=_norm_bytes(dims, dtype, bwd=True, recompute=True),
     )
 
 
@@ -164,10 +173,11 @@ def _baseline_bwd(dims, dtype, device, seed) -> Baseline | None:
     inp = _NormInputs(dims, dtype, device, seed)
     _, mean, rstd = lg._layer_norm_fwd(inp.x, inp.w, inp.b, inp.eps, z=inp.z, group_size=inp.gs,
                                        norm_before_gate=inp.nbg, is_rms_norm=inp.rms)
+    recomputed = torch.empty_like(inp.x)
 
-    def fn():
+    def fn():  # as mamba-ssm's fused layer calls it: the output recomputed, from the kept rstd
         return lg._layer_norm_bwd(inp.dy, inp.x, inp.w, inp.b, inp.eps, mean, rstd, inp.z, inp.gs,
-                                  inp.nbg, inp.rms)
+                                  inp.nbg, inp.rms, recompute_output=True, out=recomputed)
 
     return Baseline(name, fn)
 

@@ -12,9 +12,9 @@ forward and backward. Here the forward keeps its inputs (zxbcdt and the weights)
 more bytes than mamba-ssm's SSD output and rstd, the SSD output where the backward needs it
 (the norm's backward, out_proj's weight gradient) and then what fits of the SSD's
 intermediates (`_keep`, with the rule of `mamba_tune.ssd.combined.SAVE_INTERMEDIATES`). The
-backward recomputes the conv, the norm's forward, and what was not kept of the SSD (the
-output: `ssd_recompute_forward`; F1-F4: `ssd_intermediates`). Its transient buffers are freed
-stage by stage.
+backward recomputes the conv, the norm's statistics and output (inside the norm's backward, one
+pass), and what was not kept of the SSD (the output: `ssd_recompute_forward`; F1-F4:
+`ssd_intermediates`). Its transient buffers are freed stage by stage.
 """
 
 from __future__ import annotations
@@ -171,14 +171,13 @@ class _Options:
     norm_before_gate: bool
 
 
-def _norm(dims: _Dims, opts: _Options, y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated RMSNorm of the SSD output y (b, l, dim) with z, in ngroups groups: (out (b, l, dim), rstd fp32)."""
+def _norm(dims: _Dims, opts: _Options, y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The gated RMSNorm of the SSD output y (b, l, dim) with z, in ngroups groups: out (b, l, dim)."""
     gs = dims.dim // dims.ngroups
     gated._check_inputs(y, weight, None, z, gs)
-    out, _, rstd = gated._fwd(gated._rows(y), gated._rows(z), weight.contiguous(), None, opts.rmsnorm_eps, gs,
-                              opts.norm_before_gate, True)
-    return out.view(dims.batch, dims.seqlen, dims.dim), rstd
+    out, _, _ = gated._fwd(gated._rows(y), gated._rows(z), weight.contiguous(), None, opts.rmsnorm_eps, gs,
+                           opts.norm_before_gate, True)
+    return out.view(dims.batch, dims.seqlen, dims.dim)
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -229,7 +228,7 @@ def _forward(dims: _Dims, opts: _Options, zxbcdt: torch.Tensor, conv1d_weight: t
     del xBC_conv, x, B, C
     y = out = y4.reshape(dims.batch, dims.seqlen, dims.dim)
     if rmsnorm_weight is not None:
-        out, _ = _norm(dims, opts, out, z, rmsnorm_weight)
+        out = _norm(dims, opts, out, z, rmsnorm_weight)
     if dims.d_mlp > 0:
         out = torch.cat([_swiglu(zx0), out], dim=-1)
     return _out_proj(out, outproj_weight, outproj_bias, autocast), final_states, y, inter
@@ -271,37 +270,42 @@ def _head_backward(dims: _Dims, opts: _Options, dout: torch.Tensor, y: torch.Ten
     SSD: out_proj's and the norm's weight gradients into grads, d(z0, x0) into dzx0 and, with the
     norm, dz into dz_out (its slice of the gradient buffer). Returns dy (..., dim) in zxbcdt's
     dtype: the gradient of the norm's input y with the norm, of the SSD's z-gated output without.
-    y: the SSD output (batch, seqlen, dim); None when neither the norm nor out_proj is there."""
-    gated_out = rstd = None
-    if outproj_weight is not None or rmsnorm_weight is not None:
-        gated_out = y
-        if rmsnorm_weight is not None:
-            gated_out, rstd = _norm(dims, opts, y, z, rmsnorm_weight)
+    y: the SSD output (batch, seqlen, dim); None when neither the norm nor out_proj is there.
+    The norm's backward recomputes its statistics and, for out_proj's weight gradient, its output
+    in the same pass (mamba-ssm's `recompute_output`): out_proj's input gradient comes first."""
+    dlin = weight = None
     if outproj_weight is not None:
         weight = outproj_weight if autocast is None else outproj_weight.to(autocast)
         dlin = dout.to(weight.dtype)
         if outproj_bias is not None:
             grads["outproj_bias"] = dlin.sum(dim=(0, 1)).to(outproj_bias.dtype)
-        assert gated_out is not None
-        lin_in = gated_out if dims.d_mlp == 0 else torch.cat([_swiglu(zx0), gated_out], dim=-1)
-        grads["outproj_weight"] = torch.einsum("bso,bsd->od", dlin, lin_in.to(weight.dtype)).to(outproj_weight.dtype)
-        del lin_in
         dout = F.linear(dlin, weight.t())
     dout = dout.to(z.dtype)
     if dims.d_mlp > 0:
         _swiglu_bwd(zx0, dout[..., :dims.d_mlp], dzx0)
     dy = dout[..., dims.d_mlp:]
-    del gated_out, dout
-    if rmsnorm_weight is None:
-        return dy
-    # The norm's backward on the SSD output y and the recomputed rstd.
-    assert y is not None and rstd is not None
-    gs = dims.dim // dims.ngroups
-    dy2, _dz, dw, _ = gated._bwd(gated._rows(dy), gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous(), None,
-                                 None, rstd, gs, opts.norm_before_gate, True,
-                                 dz2=dz_out.reshape(dims.batch * dims.seqlen, dims.dim))
-    grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
-    return dy2
+    del dout
+    gated_out = y
+    if rmsnorm_weight is not None:
+        # The norm's backward on the SSD output y, its output (out_proj's input) written on the way.
+        assert y is not None
+        gs = dims.dim // dims.ngroups
+        rows = dims.batch * dims.seqlen
+        gated._check_inputs(y, rmsnorm_weight, None, z, gs)
+        gated_out = None if outproj_weight is None else torch.empty((rows, dims.dim), dtype=y.dtype, device=y.device)
+        dy, _dz, dw, _ = gated._bwd(gated._rows(dy), gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous(), None,
+                                    None, None, gs, opts.norm_before_gate, True,
+                                    dz2=dz_out.reshape(rows, dims.dim), out2=gated_out, eps=opts.rmsnorm_eps)
+        grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
+        if gated_out is not None:
+            gated_out = gated_out.view(dims.batch, dims.seqlen, dims.dim)
+    if outproj_weight is not None:
+        assert gated_out is not None and weight is not None and dlin is not None
+        lin_in = gated_out if dims.d_mlp == 0 else torch.cat([_swiglu(zx0), gated_out], dim=-1)
+        del gated_out
+        grads["outproj_weight"] = torch.einsum("bso,bsd->od", dlin, lin_in.to(weight.dtype)).to(outproj_weight.dtype)
+        del lin_in
+    return dy
 
 
 def split_conv1d_scan_backward(

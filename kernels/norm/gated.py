@@ -77,9 +77,11 @@ def gated_norm_bwd_kernel(
     z: torch.Tensor | None,  # like dy
     weight: torch.Tensor,  # (ngroups, group_size)
     bias: torch.Tensor | None,  # like weight
-    mean: torch.Tensor | None,  # (rows, ngroups) fp32, LayerNorm only
-    rstd: torch.Tensor,  # (rows, ngroups) fp32
+    mean: torch.Tensor | None,  # (rows, ngroups) fp32, LayerNorm only; with rstd
+    rstd: torch.Tensor | None,  # (rows, ngroups) fp32; None: recomputed here from x (and z), with eps
     dz: torch.Tensor | None,  # like x (any row stride), written; with z
+    out: torch.Tensor | None,  # like x, written: the forward's output, recomputed (None: not written)
+    eps: float,  # read only where rstd is None
     norm_before_gate: hl.constexpr,
     is_rms_norm: hl.constexpr,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -98,22 +100,36 @@ def gated_norm_bwd_kernel(
         for tile_m in hl.tile(tile_p.begin, tile_p.end):
             xv = x[tile_m, tile_g, :].to(torch.float32)
             dyv = dy[tile_m, tile_g, :].to(torch.float32)
-            r = rstd[tile_m, tile_g][:, :, None]
             if z is not None:
                 zv = z[tile_m, tile_g, :].to(torch.float32)
                 sz = torch.sigmoid(zv)
                 if not norm_before_gate:
                     x_og = xv
                     xv = x_og * zv * sz
-            if is_rms_norm:
-                xhat = xv * r
+            # The statistics as the forward computes them where they were not kept.
+            if rstd is None:
+                if is_rms_norm:
+                    xc = xv
+                else:
+                    xc = xv - torch.mean(xv, dim=-1)[:, :, None]
+                r = torch.rsqrt(torch.mean(xc * xc, dim=-1) + eps)[:, :, None]
+                xhat = xc * r
             else:
-                xhat = (xv - mean[tile_m, tile_g][:, :, None]) * r
+                r = rstd[tile_m, tile_g][:, :, None]
+                if is_rms_norm:
+                    xhat = xv * r
+                else:
+                    xhat = (xv - mean[tile_m, tile_g][:, :, None]) * r
+            y = xhat * w[None, :, :]
+            if bias is not None:
+                y = y + bias[tile_g, :].to(torch.float32)[None, :, :]
+            if out is not None:
+                if z is not None and norm_before_gate:
+                    out[tile_m, tile_g, :] = (y * zv * sz).to(out.dtype)
+                else:
+                    out[tile_m, tile_g, :] = y.to(out.dtype)
             if z is not None:
                 if norm_before_gate:
-                    y = xhat * w[None, :, :]
-                    if bias is not None:
-                        y = y + bias[tile_g, :].to(torch.float32)[None, :, :]
                     dz[tile_m, tile_g, :] = (dyv * y * sz * (1.0 + zv * (1.0 - sz))).to(dz.dtype)
                     dyv = dyv * zv * sz
             wdy = w[None, :, :] * dyv
@@ -195,12 +211,21 @@ def _fwd(x2, z2, weight, bias, eps, group_size, norm_before_gate, is_rms_norm):
     return out.view(rows, d), (None if is_rms_norm else mean), rstd
 
 
-def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is_rms_norm, dz2=None):
+def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is_rms_norm, dz2=None, out2=None,
+         eps=None):
     """dz2: where to write dz, (rows, d) with a unit last stride and any row stride (the fused
-    layer's slice of its gradient buffer); None: a new buffer."""
+    layer's slice of its gradient buffer); None: a new buffer.
+    rstd (and mean) None: the statistics are recomputed in the pass, with eps (as mamba-ssm's
+    fused layer does not: it keeps them). out2: where to write the forward's output, recomputed
+    in the same pass (mamba-ssm's `recompute_output`), (rows, d) contiguous; None: not written."""
     rows, d = x2.shape
     g = d // group_size
     v3 = (rows, g, group_size)
+    if rstd is None and eps is None:
+        raise ValueError("gated norm backward: without rstd, eps is needed to recompute it")
+    if out2 is not None and (tuple(out2.shape) != (rows, d) or out2.dtype != x2.dtype or not out2.is_contiguous()):
+        raise ValueError(f"gated norm backward: out must be ({rows}, {d}) {x2.dtype} contiguous, got "
+                         f"{tuple(out2.shape)} {out2.dtype} strides {out2.stride()}")
     if z2 is not None and dz2 is None:
         dz2 = torch.empty((rows, d), dtype=x2.dtype, device=x2.device)
     args = (
@@ -209,9 +234,11 @@ def _bwd(dy2, x2, z2, weight, bias, mean, rstd, group_size, norm_before_gate, is
         None if z2 is None else z2.view(v3),
         weight.view(g, group_size),
         None if bias is None else bias.view(g, group_size),
-        mean,
+        None if rstd is None else mean,
         rstd,
         None if z2 is None else dz2.view(v3),
+        None if out2 is None else out2.view(v3),
+        0.0 if eps is None else float(eps),
         bool(norm_before_gate),
         bool(is_rms_norm),
     )
@@ -344,7 +371,7 @@ def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
 
 
 def _bwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    dy, x, z, w, b, _mean, _rstd, _dz, nbg, rms = args
+    dy, x, z, w, b, _mean, _rstd, _dz, _out, _eps, nbg, rms = args
     return _fwd_dims_from_args((x, z, w, b, 0.0, nbg, rms))
 
 

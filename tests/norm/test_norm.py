@@ -181,6 +181,37 @@ def test_forward_allocates_mean_only_for_layernorm(is_rms):
         torch.testing.assert_close(mean, x.float().view(8, 2, 32).mean(-1))
 
 
+@pytest.mark.parametrize("rows,d,group_size", SHAPES)
+@pytest.mark.parametrize("has_z,norm_before_gate,has_bias,is_rms", OPTIONS)
+def test_backward_recomputing_the_statistics_and_output_matches_the_two_passes(rows, d, group_size, has_z,
+                                                                               norm_before_gate, has_bias, is_rms):
+    # The fused layer's call: no statistics kept, the forward's output written again in the same
+    # pass. It computes what the forward and the backward with the forward's statistics compute.
+    from mamba_tune.norm import gated
+
+    gs = d if group_size is None else group_size
+    x, z, w, b, dy = _inputs(rows, d, torch.bfloat16, torch.float32, has_z, has_bias, seed=5)
+    out, mean, rstd = gated._fwd(x, z, w, b, 1e-5, gs, norm_before_gate, is_rms)
+    two = gated._bwd(dy, x, z, w, b, mean, rstd, gs, norm_before_gate, is_rms)
+    again = torch.full_like(x, float("nan"))
+    one = gated._bwd(dy, x, z, w, b, None, None, gs, norm_before_gate, is_rms, out2=again, eps=1e-5)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    for a, c in zip(two, one):  # dx, dz, dweight, dbias (None where absent)
+        assert (a is None) == (c is None)
+        if a is not None:
+            torch.testing.assert_close(c, a, rtol=0, atol=0)
+
+
+def test_backward_recompute_refuses_what_it_cannot_use():
+    from mamba_tune.norm import gated
+
+    x, z, w, _, dy = _inputs(8, 64, torch.bfloat16, torch.float32, True, False)
+    with pytest.raises(ValueError, match="without rstd, eps is needed"):
+        gated._bwd(dy, x, z, w, None, None, None, 32, False, True, out2=torch.empty_like(x))
+    with pytest.raises(ValueError, match=r"out must be \(8, 64\) torch.bfloat16 contiguous"):
+        gated._bwd(dy, x, z, w, None, None, None, 32, False, True, out2=torch.empty(8, 64), eps=1e-5)
+
+
 def test_backward_is_bitwise_deterministic():
     x, z, w, b, dy = _inputs(300, 128, torch.bfloat16, torch.float32, True, True, seed=3)
     runs = []
