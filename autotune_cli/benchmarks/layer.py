@@ -28,8 +28,8 @@ Rows (`STAGES`), each with ours_ms, baseline_ms and ratio (= baseline_ms / ours_
   norm's backward and the recompute of its output that out_proj's weight gradient needs, as the
   fused backward runs them (ours: its backward recomputing the statistics and the output in the
   pass; mamba-ssm: its backward with recompute_output, from the kept rstd); "out_proj_bwd" and
-  "in_proj_bwd": the two torch GEMMs of each projection's
-  backward (input and weight gradients; the same on both sides: timed once).
+  "in_proj_bwd": the two torch GEMMs of each projection's backward (input and weight gradients;
+  the same on both sides: timed once).
 The step account (`benchmarks/account.py`, `--account`) is assembled from these rows.
 do_bench medians (L2 flushed between runs). A side that cannot run (mamba-ssm missing, no
 causal-conv1d) gets None.

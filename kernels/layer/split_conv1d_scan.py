@@ -287,18 +287,17 @@ def _head_backward(dims: _Dims, opts: _Options, dout: torch.Tensor, y: torch.Ten
     del dout
     gated_out = y
     if rmsnorm_weight is not None:
-        # The norm's backward on the SSD output y, its output (out_proj's input) written on the way.
+        # The norm's backward on the SSD output y (its inputs were checked in the forward), its
+        # output (out_proj's input) written on the way.
         assert y is not None
-        gs = dims.dim // dims.ngroups
         rows = dims.batch * dims.seqlen
-        gated._check_inputs(y, rmsnorm_weight, None, z, gs)
-        gated_out = None if outproj_weight is None else torch.empty((rows, dims.dim), dtype=y.dtype, device=y.device)
+        gated_out = None if outproj_weight is None else y.new_empty(dims.batch, dims.seqlen, dims.dim)
         dy, _dz, dw, _ = gated._bwd(gated._rows(dy), gated._rows(y), gated._rows(z), rmsnorm_weight.contiguous(), None,
-                                    None, None, gs, opts.norm_before_gate, True,
-                                    dz2=dz_out.reshape(rows, dims.dim), out2=gated_out, eps=opts.rmsnorm_eps)
+                                    None, None, dims.dim // dims.ngroups, opts.norm_before_gate, True,
+                                    dz2=dz_out.reshape(rows, dims.dim),
+                                    out2=None if gated_out is None else gated_out.view(rows, dims.dim),
+                                    eps=opts.rmsnorm_eps)
         grads["rmsnorm_weight"] = dw.to(rmsnorm_weight.dtype)
-        if gated_out is not None:
-            gated_out = gated_out.view(dims.batch, dims.seqlen, dims.dim)
     if outproj_weight is not None:
         assert gated_out is not None and weight is not None and dlin is not None
         lin_in = gated_out if dims.d_mlp == 0 else torch.cat([_swiglu(zx0), gated_out], dim=-1)
