@@ -110,6 +110,10 @@ def check_command(
 
     try:
         spec = load_spec(spec_path, shipped=shipped, gpu=gpu)
+        sku = spec.target.gpu
+        if not (bundles / sku).is_dir() and any(bundles.glob("*.json")):
+            fail(f"--bundles {bundles} holds bundles itself, and {bundles / sku} does not exist: --bundles takes "
+                 f"the bundle root, whose SKU folders hold the bundles (e.g. --bundles {bundles.parent})")
         result = c.check_coverage(spec, bundles, {"helion": helion_version, "torch": torch_version,
                                                   "triton": triton_version})
     except (SpecError, BundleError) as e:

@@ -90,3 +90,19 @@ def test_sweep_shipped_without_a_part_for_the_gpu_it_would_tune_is_one_line(tmp_
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.startswith(f"error: {spec}: no 'shipped' section for h200 (it has a part for h100 only)")
     assert not (tmp_path / "out").exists()
+
+
+def test_check_given_an_sku_folder_instead_of_the_root_is_one_line(tmp_path: Path) -> None:
+    # `--bundles generated_configs/h100`: the bundles sit in DIR itself and DIR/h100 does not
+    # exist, so every combo would read as missing; the error names the root to give instead.
+    sku_dir = tmp_path / "h100"
+    sku_dir.mkdir()
+    shutil.copy(ROOT / "generated_configs" / "h100" / "nemotron-nano.json", sku_dir)
+    r = CliRunner().invoke(app, ["check", NANO, "--gpu", "h100", "--bundles", str(sku_dir)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"error: --bundles {sku_dir} holds bundles itself, and {sku_dir / 'h100'} does not "
+                               "exist") and r.stderr.count("\n") == 1, r.stderr
+    assert f"--bundles {tmp_path})" in r.stderr
+    # The root itself is fine.
+    r = CliRunner().invoke(app, ["check", NANO, "--gpu", "h100", "--bundles", str(tmp_path), "--format", "json"])
+    assert r.exit_code in (0, 1) and json.loads(r.stdout)["sku"] == "h100", r.output
