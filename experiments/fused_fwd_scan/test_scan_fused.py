@@ -1,0 +1,66 @@
+"""The fused F2 + F3 + F5 candidate (scan_fused.py) in Helion ref mode on the CPU: the runtime
+forward's output, final states and entering states, with and without D, z, initial states, a
+partial last chunk, groups; the timing script without a GPU exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scan_fused import state_scan
+
+from mamba_tune.ssd import bmm, chunk_cumsum, chunk_scan, chunk_state_passing
+
+HERE = Path(__file__).resolve().parent
+
+
+def _inputs(batch, seqlen, nheads, headdim, ngroups, dstate, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seqlen, nheads, headdim, generator=gen).to(dtype)
+    dt = (torch.rand(batch, seqlen, nheads, generator=gen) * 0.5).to(dtype)
+    A = -torch.rand(nheads, generator=gen) * 2
+    B = torch.randn(batch, seqlen, ngroups, dstate, generator=gen).to(dtype)
+    C = torch.randn(batch, seqlen, ngroups, dstate, generator=gen).to(dtype)
+    D = torch.randn(nheads, generator=gen)
+    z = torch.randn(batch, seqlen, nheads, headdim, generator=gen).to(dtype)
+    init = torch.randn(batch, nheads, headdim, dstate, generator=gen)
+    return x, dt, A, B, C, D, z, init
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 4, 16, 2, 16, 32), (1, 80, 2, 32, 1, 32, 32), (1, 48, 4, 16, 4, 16, 16)],
+                         ids=["groups", "partial-chunk", "group-per-head"])
+@pytest.mark.parametrize("opts", ["plain", "D-z-init"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_runtime_forwards_outputs(shape, opts, dtype):
+    batch, seqlen, nheads, headdim, ngroups, dstate, chunk = shape
+    x, dt, A, B, C, D, z, init = _inputs(batch, seqlen, nheads, headdim, ngroups, dstate, dtype)
+    if opts == "plain":
+        D = z = init = None
+    dA, dt_out = chunk_cumsum._launch(dt, A, chunk, None, True, (0.0, float("inf")))
+    states, final = chunk_state_passing._launch(B, x, dt_out, dA, init, None, x.dtype)
+    cb = bmm._launch(C, B, chunk, None)
+    y = chunk_scan._launch(x, cb, None, C, dt_out, dA, states, D, z, None)
+    got_y, got_final, got_states = state_scan(x, cb, B, C, dt_out, dA, D, z, init, keep_states=True)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got_states, states, **tol)
+    torch.testing.assert_close(got_final, final, **tol)
+    torch.testing.assert_close(got_y, y, **tol)
+    assert got_y.dtype == y.dtype and got_final.dtype == torch.float32
+
+
+def test_without_kept_states_nothing_is_written():
+    x, dt, A, B, C, *_ = _inputs(1, 32, 2, 16, 1, 16, torch.float32)
+    dA, dt_out = chunk_cumsum._launch(dt, A, 16, None, True, (0.0, float("inf")))
+    _, _, states = state_scan(x, bmm._launch(C, B, 16, None), B, C, dt_out, dA)
+    assert states is None
+
+
+def test_the_timing_script_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    r = subprocess.run([sys.executable, str(HERE / "time_scan_fused.py")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
