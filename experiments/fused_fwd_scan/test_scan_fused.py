@@ -97,3 +97,39 @@ def test_it_compiles_to_sm90_carrying_the_state_without_spills():
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["dropped"] == [] and got["spill_stores"] == got["spill_loads"] == 0, got
+
+
+@pytest.mark.parametrize("with_z", [False, True], ids=["no-z", "z"])
+def test_installed_the_autograd_forward_and_backward_agree(with_z):
+    from scan_fused import installed
+
+    import mamba_tune
+    from mamba_tune.ssd import combined
+
+    x, dt, A, B, C, D, z, _ = _inputs(1, 64, 4, 16, 2, 16, torch.float32)
+    bias = torch.zeros(4)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (x, dt, A, B, C, D)]
+        y = mamba_tune.mamba_chunk_scan_combined(*leaves[:5], 32, D=leaves[5], z=z if with_z else None,
+                                                 dt_bias=bias, dt_softplus=True)
+        grads = torch.autograd.grad(y, leaves, torch.ones_like(y))
+        return y.detach(), grads
+
+    want_y, want_g = run()
+    saved = combined._forward
+    with installed():
+        assert combined._forward is not saved
+        got_y, got_g = run()
+    assert combined._forward is saved
+    torch.testing.assert_close(got_y, want_y, atol=1e-4, rtol=1e-4)
+    for g, w in zip(got_g, want_g):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_the_module_timing_script_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    r = subprocess.run([sys.executable, str(HERE / "time_module_fused.py")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
