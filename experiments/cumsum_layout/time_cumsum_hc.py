@@ -11,7 +11,6 @@ mamba-ssm's, and whether the candidate's outputs are the runtime kernel's bits.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -60,19 +59,9 @@ def _one(label: str, d, tp: int) -> None:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(HERE.parent / "ssd_bwd_paths"))
-    from preset_args import run_per_preset
+    from preset_args import run_with_json_out
 
-    out = None
-    if "--json-out" in argv:
-        i = argv.index("--json-out")
-        if i + 1 >= len(argv):
-            print("time_cumsum_hc: --json-out needs a FILE", file=sys.stderr)
-            return 2
-        out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    rc = run_per_preset(argv, DEFAULT, "time_cumsum_hc", _one)
-    if out is not None and ROWS:
-        Path(out).write_text(json.dumps(ROWS, indent=1) + "\n", encoding="utf-8")
-    return rc
+    return run_with_json_out(argv, DEFAULT, "time_cumsum_hc", _one, ROWS)
 
 
 if __name__ == "__main__":

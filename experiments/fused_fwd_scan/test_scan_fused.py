@@ -58,11 +58,11 @@ def test_without_kept_states_nothing_is_written():
     assert states is None
 
 
-def test_the_timing_script_needs_a_gpu():
+@pytest.mark.parametrize("script", ["time_scan_fused.py", "time_module_fused.py"])
+def test_the_timing_scripts_need_a_gpu(script):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(HERE / "time_scan_fused.py")], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr
 
 
@@ -126,10 +126,3 @@ def test_installed_the_autograd_forward_and_backward_agree(with_z):
     for g, w in zip(got_g, want_g):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
-
-def test_the_module_timing_script_needs_a_gpu():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(HERE / "time_module_fused.py")], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr, r.stderr

@@ -53,6 +53,26 @@ def run_per_preset(argv: list[str], default: list[str], prog: str, one: Callable
     return 1 if failed else 0
 
 
+def run_with_json_out(argv: list[str], default: list[str], prog: str, one: Callable[[str, Any, int], None],
+                      rows: list[dict]) -> int:
+    """`run_per_preset` for a script that also takes `--json-out FILE`: `rows` (what `one` appended)
+    written there as JSON afterwards, when there are any; exit 2 after one line when FILE is missing."""
+    import json
+    from pathlib import Path
+
+    out = None
+    if "--json-out" in argv:
+        i = argv.index("--json-out")
+        if i + 1 >= len(argv):
+            print(f"{prog}: --json-out needs a FILE", file=sys.stderr)
+            return 2
+        out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    rc = run_per_preset(argv, default, prog, one)
+    if out is not None and rows:
+        Path(out).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return rc
+
+
 def model_shape(d: Any, tp: int, batch: int = 2, seqlen: int = 8192) -> Any:
     """One rank's ModelShape of preset dims `d` at tensor-parallel degree tp (the scripts' bf16
     batch 2, seqlen 8192 by default)."""
