@@ -29,6 +29,8 @@ import helion.language as hl
 import torch
 from helion.runtime.settings import RefMode
 
+from mamba_tune.ssd import common
+
 LOG2E = 1.4426950408889634
 
 
@@ -112,8 +114,6 @@ def args_for(x: torch.Tensor, cb: torch.Tensor, B: torch.Tensor, C: torch.Tensor
     states = None
     if keep_states:
         states = torch.empty((batch, dt_out.shape[2], nheads, headdim, B.shape[3]), dtype=x.dtype, device=x.device)
-    from mamba_tune.ssd import common
-
     return (states, x, cb, B.to(x.dtype), C.to(x.dtype), dt_out.contiguous(), dA_cumsum.contiguous(),
             common.expand_D(D, nheads, headdim), z,
             None if initial_states is None else initial_states.contiguous())

@@ -53,13 +53,14 @@ def _one(label: str, d, tp: int) -> None:
     times = {"runtime F2+F3, F5": gpu_median_ms(runtime_path, 100)}
     sp = lambda: chunk_state_passing._launch(B, x, dt_out, dA, None, None, x.dtype)  # noqa: E731
     times["runtime F2+F3"] = gpu_median_ms(sp, 100)
-    grid = BEST[:4] if BEST else GRID
-    errs = {}
-    names: dict[str, tuple] = {}
-    for keep in (False, True):
+    errs: dict[str, float] = {}
+
+    def timed(configs: list, keep: bool) -> list:
+        """Time each config (the entering states written with keep); returns those that ran, fastest first."""
         args = args_for(x, cb, B, C, dt_out, dA, D, None, None, keep)
         bound = state_scan_kernel.bind(args)
-        for bs, w in grid if not keep else grid[:1]:
+        ran = {}
+        for bs, w in configs:
             name = f"fused p={bs[0]} m={bs[1]} k={bs[2]} s={bs[3]} warps={w}" + (" +states" if keep else "")
             try:
                 fn = bound.compile_config(helion.Config(block_sizes=bs, num_warps=w, num_stages=2), allow_print=False)
@@ -70,12 +71,15 @@ def _one(label: str, d, tp: int) -> None:
             errs[name] = max((y.float() - want_y.float()).abs().max().item(),
                              (final - want_final).abs().max().item())
             times[name] = gpu_median_ms(lambda f=fn, a=args: f(*a), 100)
-            names[name] = (bs, w)
-        if not keep:
-            ranked = sorted(names, key=times.get)
-            if not BEST:
-                BEST.extend(names[k] for k in ranked)
-            grid = [names[ranked[0]]]
+            ran[name] = (bs, w)
+        return [ran[k] for k in sorted(ran, key=times.get)]
+
+    ranked = timed(BEST[:4] if BEST else GRID, keep=False)
+    if not ranked:
+        raise RuntimeError("no config of the grid ran")
+    if not BEST:
+        BEST.extend(ranked)
+    timed(ranked[:1], keep=True)
     base = times["runtime F2+F3, F5"]
     fused = sorted((k for k in times if k.startswith("fused") and "+states" not in k), key=times.get)
     print(f"{label} (nheads {nheads}, ngroups {ngroups}, chunk {chunk}, dstate {dstate}) on "
