@@ -285,11 +285,6 @@ _DBDC_DIMS = (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx")
 
 SSD_CHUNK_CUMSUM = _ssd("ssd_chunk_cumsum", _CUMSUM_DIMS, "chunk_cumsum:chunk_cumsum_kernel")
 SSD_CHUNK_STATE = _ssd("ssd_chunk_state", (*SSD_SHAPE_DIMS, "has_seq_idx"), "chunk_state:chunk_state_kernel")
-SSD_STATE_PASSING = _ssd(
-    "ssd_state_passing",
-    ("batch", "seqlen", "nheads", "headdim", "dstate", "chunk_size", "has_initial_states", "has_seq_idx"),
-    "state_passing:state_passing_kernel",
-    lambda shape: _whole_chunks(pick(mixer_dims(shape), SSD_STATE_PASSING.dims), shape))
 SSD_CHUNK_STATE_PASSING = _ssd("ssd_chunk_state_passing", (*SSD_SHAPE_DIMS, "has_initial_states", "has_seq_idx"),
                                "chunk_state_passing:chunk_state_passing_kernel")
 # No has_seq_idx: the kernel is the same with and without it (the mask runs after it).

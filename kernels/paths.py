@@ -60,14 +60,6 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
             "two at dstate >= 256",
     ),
     PathChoice(
-        name="ssd_fuse_state_passing",
-        var="argument fuse_state_passing",
-        choices={"fused": ("ssd_chunk_state_passing",), "split": ("ssd_chunk_state", "ssd_state_passing")},
-        default="fused",
-        doc="the SSD forward's F2 + F3 in one kernel walking the chunks in order, or F2 then the parallel scan "
-            "(`ssd_forward(fuse_state_passing=...)`; the fused one measured faster, mamba_tune.ssd.combined)",
-    ),
-    PathChoice(
         name="ssd_fuse_bmm",
         var="argument fuse_bmm",
         choices={"split": ("ssd_bmm", "ssd_chunk_scan"), "fused": ("ssd_chunk_scan",)},

@@ -7,8 +7,8 @@ Each stage is timed on the same intermediate tensors for both sides (ours from F
 call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
 and host work included); "total_graph" is the same back-to-back calls replayed from a CUDA
 graph (no host work: with total_wall, it splits wall time into GPU time and host cost;
-None for a side that cannot be captured). Ours is also timed with each fusion switched on (F2 + F3 in one
-sequential kernel; F4 inside F5), against the mamba-ssm kernels that the fusion replaces.
+None for a side that cannot be captured). "total_fused_bmm" times ours with F4 inside F5 (the
+non-default `fuse_bmm=True`) against mamba-ssm's whole call.
 "bmm_seq_idx" and "total_seq_idx" repeat F4 and the whole call with packed sequences
 (seq_idx with 4 sequences per row, both sides): ours then masks C B^T after F4 (bmm.py).
 
@@ -48,7 +48,6 @@ from mamba_tune.ssd import (
     chunk_state,
     chunk_state_passing,
     combined,
-    state_passing,
 )
 from mamba_tune.ssd import chunk_state_scan_bwd_dbdc as dbdc
 from mamba_tune.ssd.common import nchunks_of
@@ -68,7 +67,6 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
     return {
         "chunk_cumsum": (0, b * L * H * e + 2 * per_chunk),
         "chunk_state": (f_state, x + bc + 2 * per_chunk + states32),
-        "state_passing": (0, states32 + states_lo + per_chunk),
         "chunk_state_passing": (f_state, x + bc + 2 * per_chunk + states_lo),
         "bmm": (f_cb, 2 * bc + cb),
         "chunk_scan": (f_scan, 2 * x + bc + cb + states_lo + 2 * per_chunk),
@@ -174,28 +172,22 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     Q = i.chunk_size
     dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
     # The intermediates one stage reads, from our own earlier stages (only when a stage needs them).
-    if set(stages) & {"chunk_state", "state_passing", "chunk_state_passing", "chunk_scan", "chunk_scan_fused_bmm"}:
+    if set(stages) & {"chunk_state", "chunk_state_passing", "chunk_scan", "chunk_scan_fused_bmm"}:
         states = chunk_state._launch(i.B, i.x, dt_out, dA, None)
-        prev, _final = state_passing._launch(states, dA, None, None, dtype)
+        prev, _final = chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype)
         cb = bmm._launch(i.C, i.B, Q, None)
     else:
         states = prev = cb = None
     ours: dict[str, Callable[[], Any]] = {
         "chunk_cumsum": lambda: chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit),
         "chunk_state": lambda: chunk_state._launch(i.B, i.x, dt_out, dA, None),
-        "state_passing": lambda: state_passing._launch(states, dA, None, None, dtype),
         "chunk_state_passing": lambda: chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype),
         "bmm": lambda: bmm._launch(i.C, i.B, Q, None),
         "bmm_seq_idx": lambda: bmm._launch(s.C, s.B, Q, s.seq_idx),
         "chunk_scan": lambda: chunk_scan._launch(i.x, cb, None, i.C, dt_out, dA, prev, i.D, None, None),
         "chunk_scan_fused_bmm": lambda: chunk_scan._launch(i.x, None, i.B, i.C, dt_out, dA, prev, i.D, None, None),
         "total": lambda: combined.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
-        "total_split": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
-                                                    fuse_state_passing=False, **i.kwargs()),
-        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True,
-                                                        fuse_state_passing=False, **i.kwargs()),
-        "total_fused_state_passing": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=False,
-                                                                  fuse_state_passing=True, **i.kwargs()),
+        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True, **i.kwargs()),
         "total_seq_idx": lambda: combined.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
     }
     base: dict[str, Callable[[], Any]] = {}
@@ -211,7 +203,6 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
             "chunk_cumsum": lambda: cs._chunk_cumsum_fwd(i.dt, i.A, Q, dt_bias=i.dt_bias, dt_softplus=True,
                                                          dt_limit=i.dt_limit),
             "chunk_state": lambda: cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True),
-            "state_passing": lambda: sp._state_passing_fwd(flat, dA_last, chunk_size=Q, out_dtype=dtype),
             "chunk_state_passing": lambda: sp._state_passing_fwd(
                 cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True).view(flat.shape), dA_last,
                 chunk_size=Q, out_dtype=dtype),
@@ -223,8 +214,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
             "total": lambda: cmb.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
             "total_seq_idx": lambda: cmb.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
         }
-        for name in ("total_split", "total_fused_bmm", "total_fused_state_passing"):
-            base[name] = base["total"]
+        base["total_fused_bmm"] = base["total"]
     if {s for s in stages if s.startswith("fwd_bwd")}:
         dy = torch.randn_like(i.x)
         ours["fwd_bwd"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, i, dy)

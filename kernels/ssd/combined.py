@@ -1,12 +1,10 @@
 """The SSD forward, `mamba_chunk_scan_combined`, from the stage kernels.
 
-Launch order (as mamba-ssm's `_mamba_chunk_scan_combined_fwd`):
-F1 chunk_cumsum -> F2 chunk_state -> F3 state_passing (parallel scan) -> F4 bmm -> F5 chunk_scan.
-Two fusions are options of `ssd_forward`, so that each path can be measured:
-- `fuse_state_passing`: F2 + F3 in one kernel walking the chunks in order (no fp32 chunk
-  states in memory; chunk_state_passing.py) instead of F2 then the parallel scan F3.
-- `fuse_bmm`: F5 recomputes C B^T in registers and F4 is not launched (chunk_scan.py).
-The defaults below are what measured fastest (see their comments).
+Launch order (mamba-ssm's `_mamba_chunk_scan_combined_fwd` runs F1 chunk_cumsum -> F2
+chunk_state -> F3 state_passing (a scan) -> F4 bmm -> F5 chunk_scan): F1 -> F2 + F3 in one
+kernel walking the chunks in order (chunk_state_passing.py: no fp32 chunk states in memory)
+-> F4 -> F5. `ssd_forward(fuse_bmm=True)` recomputes C B^T inside F5 instead of F4 (chunk_scan.py);
+off by default, what measured fastest (FUSE_BMM_DEFAULT's comment).
 
 The backward (`ssd_backward`, run by `mamba_chunk_scan_combined` through autograd) recomputes
 what the forward did not keep of F1, F2 + F3 and F4 (the forward keeps no output, and of the
@@ -35,26 +33,22 @@ from mamba_tune.ssd import (
     chunk_cumsum_bwd,
     chunk_scan,
     chunk_scan_chunk_state_bwd_dx,
-    chunk_state,
     chunk_state_passing,
     chunk_state_passing_bwd,
     chunk_state_scan_bwd_dbdc,
     chunk_state_varlen,
     common,
     dbdc_two_pass,
-    state_passing,
     state_passing_bwd,
 )
 
 # FUSE_BMM_DEFAULT: F5 with C B^T recomputed in registers instead of F4 + F5, off (its
 # measurement in mamba_tune.keys, whose chunk scan key holds it).
-# F2 + F3 fused (sequential over chunks, one program per state tile walks every chunk)
-# instead of F2 then the parallel scan F3. On: it never writes the fp32 chunk states (268 MB
-# each way at Nemotron-3 Nano's sizes). Measured on the H200 there with tuned configs:
-# fused 0.151 ms against F2 0.144 + F3 (the scan) 0.102 ms; the whole forward 0.417 ms
-# against 0.514 ms split (mamba-ssm 0.622 ms). The scan alone matches mamba-ssm's
-# sequential F3 (0.102 vs 0.103 ms); it stays for `fuse_state_passing=False`.
-FUSE_STATE_PASSING_DEFAULT = True
+# F2 + F3 fused (sequential over chunks, one program per state tile walks every chunk), not
+# F2 then a scan F3: it never writes the fp32 chunk states (268 MB each way at Nemotron-3
+# Nano's sizes). Measured on the H200 with tuned configs: the whole forward 0.417 ms against
+# 0.514 ms split at Nano (fused 0.151 ms against F2 0.144 + F3 0.102 ms; mamba-ssm 0.622 ms),
+# 0.226 against 0.258 ms at Falcon-H1-0.5B; the split forward and its F3 kernel are deleted.
 # With seq_idx, the sequence mask of C B^T computed inside a kernel miscompiles on the
 # H200 for some configs (bmm.py's docstring has the measurement), so the split path masks
 # F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
@@ -152,13 +146,10 @@ def ssd_forward(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
     fuse_bmm: bool | None = None,
-    fuse_state_passing: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward pipeline; returns (out, final_states). Shapes as `mamba_chunk_scan_combined`.
 
-    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False).
-    fuse_state_passing: F2 + F3 in one sequential kernel (True) or F2 then the parallel scan.
-    None: FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT.
+    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False); None: FUSE_BMM_DEFAULT.
     """
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
@@ -166,34 +157,28 @@ def ssd_forward(
         raise NotImplementedError(
             "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
             "mask miscompiles for some configs); use fuse_bmm=False, the default")
-    fuse_sp = FUSE_STATE_PASSING_DEFAULT if fuse_state_passing is None else fuse_state_passing
     out, final_states, _inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                         dt_softplus, dt_limit, fuse, fuse_sp)
+                                         dt_softplus, dt_limit, fuse)
     return out, final_states
 
 
 def _forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
              D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
              initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
-             dt_limit: tuple[float, float], fuse: bool, fuse_sp: bool
+             dt_limit: tuple[float, float], fuse: bool
              ) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates | None]:
     """The checked forward; returns (out, final_states, intermediates). The intermediates are
-    the backward's own (what `_recompute` gives for these inputs) on the default path (F2 + F3
-    fused, F4 split), None on the others."""
+    the backward's own (what `_recompute` gives for these inputs) with F4 split (the default),
+    None with fuse_bmm."""
     # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
     B, C = B.to(x.dtype), C.to(x.dtype)
     dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
     # The states entering each chunk are rounded to the dots' dtype for F5 (as mamba-ssm);
     # the final state stays fp32.
-    if fuse_sp:
-        prev_states, final_states = chunk_state_passing._launch(B, x, dt_out, dA_cumsum, initial_states, seq_idx,
-                                                                x.dtype)
-    else:
-        states = chunk_state._launch(B, x, dt_out, dA_cumsum, seq_idx)
-        prev_states, final_states = state_passing._launch(states, dA_cumsum, initial_states, seq_idx, x.dtype)
+    prev_states, final_states = chunk_state_passing._launch(B, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
     cb = None if fuse else bmm._launch(C, B, chunk_size, seq_idx)
     out = chunk_scan._launch(x, cb, B if fuse else None, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
-    inter = SSDIntermediates(dA_cumsum, dt_out, prev_states, cb) if fuse_sp and cb is not None else None
+    inter = SSDIntermediates(dA_cumsum, dt_out, prev_states, cb) if cb is not None else None
     return out, final_states, inter
 
 
@@ -344,7 +329,7 @@ def ssd_forward_with_intermediates(
     for an autograd forward that keeps some."""
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
-                    FUSE_BMM_DEFAULT, FUSE_STATE_PASSING_DEFAULT)
+                    FUSE_BMM_DEFAULT)
 
 
 def _check_outputs(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, z: torch.Tensor | None,

@@ -31,7 +31,7 @@ MODELS = [
     pytest.param(ModelShape(batch=2, seqlen=8192, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256),
                  id="mamba2-2.7b"),
 ]
-STAGES = ["ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_bmm",
+STAGES = ["ssd_chunk_cumsum", "ssd_chunk_state", "ssd_chunk_state_passing", "ssd_bmm",
           "ssd_chunk_scan"]
 # fp32 dots run as tf32 on the GPU (as in mamba-ssm): 10 mantissa bits, an error eager fp32
 # does not have, so fp32 gets an atol of tf32 size (outputs here reach ~20).
@@ -70,13 +70,11 @@ def _model_inputs(model: ModelShape, seed: int = 0, **flags: int) -> SSDInputs:
     return SSDInputs.make({**mixer_dims(model), **flags}, torch.bfloat16, "cuda", seed)
 
 
-@pytest.mark.parametrize("fuse_bmm,fuse_state_passing", [(False, False), (True, False), (False, True)],
-                         ids=["split", "fused-bmm", "fused-state-passing"])
+@pytest.mark.parametrize("fuse_bmm", [False, True], ids=["split-bmm", "fused-bmm"])
 @pytest.mark.parametrize("model", MODELS)
-def test_combined_at_model_size(model, fuse_bmm, fuse_state_passing, nan_empty):
+def test_combined_at_model_size(model, fuse_bmm, nan_empty):
     i = _model_inputs(model)
-    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm,
-                             fuse_state_passing=fuse_state_passing, **i.kwargs())
+    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm, **i.kwargs())
     u = i.upcast()
     ref_out, ref_final = ssd_chunked_ref(u.x, u.dt, u.A, u.B, u.C, i.chunk_size, **u.kwargs())
     low_out, low_final = ssd_chunked_ref(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, upcast=False, **i.kwargs())
@@ -185,7 +183,7 @@ def test_benchmark_runs_and_reports_every_stage():
     shape = ModelShape(batch=1, seqlen=1024, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=128)
     rows = bench_ssd([("small", shape)], torch.bfloat16, rep_ms=5)
     stages = {r["stage"] for r in rows}
-    assert {"chunk_cumsum", "chunk_state", "state_passing", "chunk_state_passing", "bmm", "bmm_seq_idx",
+    assert {"chunk_cumsum", "chunk_state", "chunk_state_passing", "bmm", "bmm_seq_idx",
             "chunk_scan", "total", "total_seq_idx", "total_wall", "total_graph"} <= stages
     graph = next(r for r in rows if r["stage"] == "total_graph")
     assert graph["ours_ms"] is not None and graph["ours_ms"] > 0  # ours captures in a CUDA graph

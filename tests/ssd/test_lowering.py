@@ -30,7 +30,7 @@ SHAPES = {
 }
 NEMOTRON_NANO = (2, 8192, 64, 64, 8, 128, 128)
 FLAGS = ("has_dt_bias", "dt_softplus", "has_D", "has_z", "has_seq_idx", "has_initial_states", "has_dfinal")
-STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_state_passing", "ssd_bmm",
+STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_chunk_state_passing", "ssd_bmm",
           "ssd_chunk_scan", "ssd_chunk_state_passing_bwd", "ssd_state_passing_bwd", "ssd_chunk_scan_chunk_state_bwd_dx",
           "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd")
 
@@ -69,7 +69,7 @@ torch.set_num_threads(1)  # two workers share the CI machine's cores
 for case_id, stage, dims, dtype in json.loads(sys.stdin.read()):
     tk = get(stage)
     dims = {k: v for k, v in dims.items() if k in tk.dims}
-    if stage in ("ssd_state_passing", "ssd_state_passing_bwd"):  # their seqlen is the padded length
+    if stage == "ssd_state_passing_bwd":  # its seqlen is the padded length
         dims["seqlen"] = -(-dims["seqlen"] // dims["chunk_size"]) * dims["chunk_size"]
     try:
         bound = tk.kernel.bind(shape_args(tk, dims, dtype))  # make_problem's layout, no data

@@ -12,14 +12,12 @@ from autotune_cli.tuning.ssd import (
     chunk_state_scan_bwd_dbdc,
     dbdc_two_pass,
     selective_state_update,
-    state_passing,
     state_passing_bwd,
 )
 
 KERNELS = (
     chunk_cumsum.SSD_CHUNK_CUMSUM,
     chunk_state.SSD_CHUNK_STATE,
-    state_passing.SSD_STATE_PASSING,
     chunk_state_passing.SSD_CHUNK_STATE_PASSING,
     bmm.SSD_BMM,
     chunk_scan.SSD_CHUNK_SCAN,
