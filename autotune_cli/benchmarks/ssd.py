@@ -172,12 +172,11 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     Q = i.chunk_size
     dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
     # The intermediates one stage reads, from our own earlier stages (only when a stage needs them).
-    if set(stages) & {"chunk_state", "chunk_state_passing", "chunk_scan", "chunk_scan_fused_bmm"}:
-        states = chunk_state._launch(i.B, i.x, dt_out, dA, None)
+    if set(stages) & {"chunk_scan", "chunk_scan_fused_bmm"}:
         prev, _final = chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype)
         cb = bmm._launch(i.C, i.B, Q, None)
     else:
-        states = prev = cb = None
+        prev = cb = None
     ours: dict[str, Callable[[], Any]] = {
         "chunk_cumsum": lambda: chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit),
         "chunk_state": lambda: chunk_state._launch(i.B, i.x, dt_out, dA, None),
@@ -195,7 +194,6 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     baseline_name = None
     if found is not None:
         mods, baseline_name = found
-        flat = None if states is None else states.view(*states.shape[:3], -1)
         dA_last = dA[..., -1]
         cs, sp, bm, sc, cmb = (mods["chunk_state"], mods["state_passing"], mods["bmm"], mods["chunk_scan"],
                                mods["combined"])
@@ -204,7 +202,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
                                                          dt_limit=i.dt_limit),
             "chunk_state": lambda: cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True),
             "chunk_state_passing": lambda: sp._state_passing_fwd(
-                cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True).view(flat.shape), dA_last,
+                cs._chunk_state_fwd(i.B, i.x, dt_out, dA, states_in_fp32=True).flatten(3), dA_last,
                 chunk_size=Q, out_dtype=dtype),
             "bmm": lambda: bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32),
             "bmm_seq_idx": lambda: bm._bmm_chunk_fwd(s.C, s.B, Q, seq_idx=s.seq_idx, output_dtype=torch.float32),
