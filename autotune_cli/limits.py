@@ -32,7 +32,7 @@ def dims_problem(dims: dict[str, int]) -> str | None:
     """Why the kernels cannot run a combo with these dims (named as in kernel keys and
     specs), or None. Checks only the dims present, so it serves every kernel's key."""
     for k, v in dims.items():
-        if k.startswith(("has_", "is_")) or k in ("norm_before_gate", "weight_fp32", "dt_softplus", "fused_bmm"):
+        if k.startswith(("has_", "is_")) or k in ("norm_before_gate", "weight_fp32", "dt_softplus"):
             if v not in (0, 1):
                 return f"{k}={v}: a flag is 0 or 1"
         elif v < 1:

@@ -108,8 +108,8 @@ _OWN = (
 REMOVED = {
     "MAMBA_TUNE_SSD_DBDC_SIDES": "dC and dB always run in programs of their own (faster at every shape measured)",
     "MAMBA_TUNE_SSD_DBDC_SPLITS": "the dB/dC kernel's head runs follow their rule (experiments patch head_splits)",
-    "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX": "fuse_bmm=True with seq_idx is refused on a GPU (its in-kernel mask "
-                                     "miscompiles); use fuse_bmm=False, the default",
+    "MAMBA_TUNE_UNSAFE_GPU_SEQ_IDX": "the fused chunk scan it unlocked with seq_idx on a GPU (C B^T inside "
+                                     "F5, measured slower) is deleted; F4 then F5 always run",
     "MAMBA_TUNE_CONV1D_BWD": "the conv1d backward is the slide kernel for channel-last calls and the two "
                              "kernels for the rest (mamba_tune.conv1d.bwd_slide.fits)",
     "MAMBA_TUNE_SSD_DBDC_SUM": "torch adds the dB/dC head runs; the one-kernel fold (not promoted) is "

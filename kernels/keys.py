@@ -203,12 +203,6 @@ def dbdc_head_runs(batch: int, nchunks: int, ngroups: int, nheads: int) -> int:
     return cdiv(heads_per_group, per_run)
 
 
-# F5 with C B^T recomputed in registers instead of F4 + F5 (chunk_scan's `fused_bmm` key dim).
-# Off: on the H200 at Nemotron-3 Nano's sizes (batch 2, seqlen 8192, bf16), with F5 tuned for
-# the split path, the whole forward took 0.804 ms fused against 0.514 ms split (mamba-ssm: 0.622 ms).
-FUSE_BMM_DEFAULT = False
-
-
 # --- SSD keys ----------------------------------------------------------------------------
 
 SSD_SHAPE_DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
@@ -289,9 +283,8 @@ SSD_CHUNK_STATE_PASSING = _ssd("ssd_chunk_state_passing", (*SSD_SHAPE_DIMS, "has
                                "chunk_state_passing:chunk_state_passing_kernel")
 # No has_seq_idx: the kernel is the same with and without it (the mask runs after it).
 SSD_BMM = _ssd("ssd_bmm", ("batch", "seqlen", "ngroups", "dstate", "chunk_size"), "bmm:bmm_chunk_kernel")
-SSD_CHUNK_SCAN = _ssd(
-    "ssd_chunk_scan", (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx", "fused_bmm"), "chunk_scan:chunk_scan_kernel",
-    lambda shape: {**pick(mixer_dims(shape), SSD_CHUNK_SCAN.dims[:-1]), "fused_bmm": int(FUSE_BMM_DEFAULT)})
+SSD_CHUNK_SCAN = _ssd("ssd_chunk_scan", (*SSD_SHAPE_DIMS, "has_D", "has_z", "has_seq_idx"),
+                      "chunk_scan:chunk_scan_kernel")
 # The backward's kernels.
 SSD_CHUNK_STATE_PASSING_BWD = _ssd(
     "ssd_chunk_state_passing_bwd", (*SSD_SHAPE_DIMS, "has_z", "has_seq_idx", "has_dfinal"),

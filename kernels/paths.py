@@ -8,9 +8,9 @@ place a call site asks, and `mamba_tune.env` the one parser of the variable. doc
 table is `markdown()` (tests/runtime/test_env.py checks they agree).
 
 No choice here changes a kernel's program at a given key: each selects other kernels, which have
-keys of their own; a kernel whose program depends on the shape (the dB/dC kernel's head runs, the
-chunk scan's `fused_bmm`) takes it from its key dims. Torch-free: `import mamba_tune` checks the
-variables (mamba_tune.env) without loading the kernels.
+keys of their own; a kernel whose program depends on the shape (the dB/dC kernel's head runs) takes
+it from its key dims. Torch-free: `import mamba_tune` checks the variables (mamba_tune.env) without
+loading the kernels.
 """
 
 from __future__ import annotations
@@ -58,14 +58,6 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         default="mamba_tune.keys.two_pass_dbdc",
         doc="the SSD backward's dB and dC (B5-B8): one kernel, or two passes through a head-summed dCB buffer; "
             "two at dstate >= 256",
-    ),
-    PathChoice(
-        name="ssd_fuse_bmm",
-        var="argument fuse_bmm",
-        choices={"split": ("ssd_bmm", "ssd_chunk_scan"), "fused": ("ssd_chunk_scan",)},
-        default="split",
-        doc="the SSD forward's C B^T: F4 then F5, or recomputed inside F5 (`ssd_forward(fuse_bmm=...)`, the "
-            "chunk scan's `fused_bmm` key dim; split measured faster)",
     ),
 )}
 

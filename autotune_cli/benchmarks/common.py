@@ -12,7 +12,7 @@ from autotune_cli.timing import gpu_median_ms
 
 # The rows `bench --family ssd` can time (benchmarks/ssd.py documents each).
 SSD_STAGES = ("chunk_cumsum", "chunk_state", "chunk_state_passing", "bmm", "bmm_seq_idx",
-              "chunk_scan", "chunk_scan_fused_bmm", "total", "total_fused_bmm", "total_seq_idx", "total_wall", "total_graph",
+              "chunk_scan", "total", "total_seq_idx", "total_wall", "total_graph",
               "fwd_bwd", "fwd_bwd_wall", "fwd_bwd_graph", "fwd_bwd_seq_idx",
               "fwd_bwd_recompute", "fwd_bwd_recompute_graph", "bwd_state_passing", "bwd_dx", "bwd_dbdc", "bwd_cumsum")
 # The rows `bench --family layer` can time (benchmarks/layer.py documents each).

@@ -7,8 +7,7 @@ Each stage is timed on the same intermediate tensors for both sides (ours from F
 call timed the same way; "total_wall" is back-to-back calls timed on the host (launch gaps
 and host work included); "total_graph" is the same back-to-back calls replayed from a CUDA
 graph (no host work: with total_wall, it splits wall time into GPU time and host cost;
-None for a side that cannot be captured). "total_fused_bmm" times ours with F4 inside F5 (the
-non-default `fuse_bmm=True`) against mamba-ssm's whole call.
+None for a side that cannot be captured).
 "bmm_seq_idx" and "total_seq_idx" repeat F4 and the whole call with packed sequences
 (seq_idx with 4 sequences per row, both sides): ours then masks C B^T after F4 (bmm.py).
 
@@ -70,7 +69,6 @@ def _work(shape: ModelShape, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
         "chunk_state_passing": (f_state, x + bc + 2 * per_chunk + states_lo),
         "bmm": (f_cb, 2 * bc + cb),
         "chunk_scan": (f_scan, 2 * x + bc + cb + states_lo + 2 * per_chunk),
-        "chunk_scan_fused_bmm": (f_scan + f_cb, 2 * x + 2 * bc + states_lo + 2 * per_chunk),
         "total": (f_state + f_cb + f_scan, 2 * x + 2 * bc + b * L * H * e),
         "bmm_seq_idx": (f_cb, 2 * bc + cb + b * L * 4),
     }
@@ -172,7 +170,7 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
     Q = i.chunk_size
     dA, dt_out = chunk_cumsum._launch(i.dt, i.A, Q, i.dt_bias, True, i.dt_limit)
     # The intermediates one stage reads, from our own earlier stages (only when a stage needs them).
-    if set(stages) & {"chunk_scan", "chunk_scan_fused_bmm"}:
+    if "chunk_scan" in stages:
         prev, _final = chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype)
         cb = bmm._launch(i.C, i.B, Q, None)
     else:
@@ -183,10 +181,8 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
         "chunk_state_passing": lambda: chunk_state_passing._launch(i.B, i.x, dt_out, dA, None, None, dtype),
         "bmm": lambda: bmm._launch(i.C, i.B, Q, None),
         "bmm_seq_idx": lambda: bmm._launch(s.C, s.B, Q, s.seq_idx),
-        "chunk_scan": lambda: chunk_scan._launch(i.x, cb, None, i.C, dt_out, dA, prev, i.D, None, None),
-        "chunk_scan_fused_bmm": lambda: chunk_scan._launch(i.x, None, i.B, i.C, dt_out, dA, prev, i.D, None, None),
+        "chunk_scan": lambda: chunk_scan._launch(i.x, cb, i.C, dt_out, dA, prev, i.D, None, None),
         "total": lambda: combined.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
-        "total_fused_bmm": lambda: combined.ssd_forward(i.x, i.dt, i.A, i.B, i.C, Q, fuse_bmm=True, **i.kwargs()),
         "total_seq_idx": lambda: combined.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
     }
     base: dict[str, Callable[[], Any]] = {}
@@ -207,12 +203,9 @@ def _bench_shape(label: str, shape: ModelShape, dtype: torch.dtype, rep_ms: int,
             "bmm": lambda: bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32),
             "bmm_seq_idx": lambda: bm._bmm_chunk_fwd(s.C, s.B, Q, seq_idx=s.seq_idx, output_dtype=torch.float32),
             "chunk_scan": lambda: sc._chunk_scan_fwd(cb, i.x, dt_out, dA, i.C, prev, D=i.D),
-            "chunk_scan_fused_bmm": lambda: sc._chunk_scan_fwd(
-                bm._bmm_chunk_fwd(i.C, i.B, Q, output_dtype=torch.float32), i.x, dt_out, dA, i.C, prev, D=i.D),
             "total": lambda: cmb.mamba_chunk_scan_combined(i.x, i.dt, i.A, i.B, i.C, Q, **i.kwargs()),
             "total_seq_idx": lambda: cmb.mamba_chunk_scan_combined(s.x, s.dt, s.A, s.B, s.C, Q, **s.kwargs()),
         }
-        base["total_fused_bmm"] = base["total"]
     if {s for s in stages if s.startswith("fwd_bwd")}:
         dy = torch.randn_like(i.x)
         ours["fwd_bwd"] = fwd_bwd_step(combined.mamba_chunk_scan_combined, i, dy)

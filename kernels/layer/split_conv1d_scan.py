@@ -217,7 +217,7 @@ def _forward(dims: _Dims, opts: _Options, zxbcdt: torch.Tensor, conv1d_weight: t
              initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None,
              rmsnorm_weight: torch.Tensor | None, outproj_weight: torch.Tensor | None,
              outproj_bias: torch.Tensor | None, autocast: torch.dtype | None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SSDIntermediates | None]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SSDIntermediates]:
     """Returns (out, final_states, the SSD output y (batch, seqlen, dim) before the norm, the SSD's intermediates)."""
     zx0, z, xBC, dt = torch.split(zxbcdt, dims.splits, dim=-1)
     xBC_conv = _conv(xBC, conv1d_weight, conv1d_bias, seq_idx, opts.silu)
@@ -242,7 +242,7 @@ class _Kept:
     ssd: SSDSaved = dataclasses.field(default_factory=SSDSaved)
 
 
-def _keep(dims: _Dims, y: torch.Tensor, inter: SSDIntermediates | None, rmsnorm_weight: torch.Tensor | None,
+def _keep(dims: _Dims, y: torch.Tensor, inter: SSDIntermediates, rmsnorm_weight: torch.Tensor | None,
           outproj_weight: torch.Tensor | None) -> _Kept:
     """Keep, within the bytes mamba-ssm's fused layer keeps beyond its inputs (its SSD output
     `out_x` (batch, seqlen, dim) and, with the norm, rstd (batch * seqlen * ngroups fp32)), the

@@ -9,13 +9,8 @@ runtime declaration (its tuning record: `autotune_cli/tuning/ssd/`). One program
 block_m positions of one chunk, one head and a block of headdim. Both terms are
 tensor-core dots on x's dtype with fp32 accumulation: C against the entering state (over
 dstate in block_n steps), then the decayed, causally masked scores against x, walking
-only the columns j <= the block's last row (block_k steps).
-
-CB comes from F4 (`cb` given, mamba-ssm's split), or, with `cb=None`, is recomputed in
-registers from C and B for each (block_m, block_k) tile: this fuses F4 away, saving its
-launch and the fp32 CB round trip through memory at the price of one more small dot per
-tile and head. Which wins is measured (`autotune_cli/benchmarks/ssd.py`); combined.py
-names its default.
+only the columns j <= the block's last row (block_k steps). CB comes from F4 (mamba-ssm's
+split).
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ LOG2E = 1.4426950408889634
                ignore_warnings=[helion.exc.TensorOperationInWrapper])
 def chunk_scan_kernel(
     x: torch.Tensor,  # (batch, seqlen, nheads, headdim)
-    cb: torch.Tensor | None,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, F4's output
-    B: torch.Tensor | None,  # (batch, seqlen, ngroups, dstate), used when cb is None
+    cb: torch.Tensor,  # (batch, nchunks, ngroups, chunk_size, chunk_size) fp32, F4's output
     C: torch.Tensor,  # (batch, seqlen, ngroups, dstate)
     dt: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32
     dA_cumsum: torch.Tensor,  # (batch, nheads, nchunks, chunk_size) fp32
@@ -62,7 +56,7 @@ def chunk_scan_kernel(
     block_p = hl.register_block_size(16, headdim)
     block_k = hl.register_block_size(16, chunk_size)
     block_n = hl.register_block_size(16, dstate)
-    # Heads vary fastest: the programs of one chunk run together and share C, B (or CB) in L2.
+    # Heads vary fastest: the programs of one chunk run together and share C and CB in L2.
     for tile_h, tile_m, tile_p, tile_b in hl.tile(
         [nheads, seqlen, headdim, batch], block_size=[1, block_m, block_p, 1]
     ):
@@ -87,14 +81,7 @@ def chunk_scan_kernel(
         acc = acc * scale_m[:, None]
         # Inside the chunk: columns c0 .. the block's last row (causal).
         for tile_k in hl.tile(c0, tile_m.end, block_size=block_k):
-            if cb is not None:
-                scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
-            else:
-                scores = hl.zeros([tile_m, tile_k], dtype=torch.float32)
-                for tile_n in hl.tile(dstate, block_size=block_n):
-                    scores = hl.dot(C[b, tile_m, g, tile_n], B[b, tile_k, g, tile_n].T, acc=scores)
-                if seq_idx is not None:
-                    scores = torch.where(seq_m[:, None] == seq_idx[b, tile_k][None, :], scores, 0.0)
+            scores = cb[b, c, g, tile_m.index - c0, tile_k.index - c0]
             decay = torch.exp2(torch.clamp(dA_m[:, None] - dA_pos[b, h, tile_k][None, :] * LOG2E, max=0.0))
             scores = scores * decay * dt_pos[b, h, tile_k][None, :]
             scores = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], scores, 0.0)
@@ -111,44 +98,38 @@ def chunk_scan_kernel(
 # --- host launcher --------------------------------------------------------------------
 
 
-def _check(x: torch.Tensor, cb: torch.Tensor | None, B: torch.Tensor | None, C: torch.Tensor,
-           dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, D: torch.Tensor | None,
-           z: torch.Tensor | None, seq_idx: torch.Tensor | None) -> None:
+def _check(x: torch.Tensor, cb: torch.Tensor, C: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+           prev_states: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+           seq_idx: torch.Tensor | None) -> None:
     batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size, nchunks = common.check_chunk_inputs(
         x, "C", C, dt, dA_cumsum)
     common.check_shape("prev_states", prev_states, (batch, nchunks, nheads, headdim, dstate),
                        "batch, nchunks, nheads, headdim, dstate")
-    if cb is None and B is None:
-        raise ValueError("ssd: chunk_scan needs CB (F4's output) or B to recompute it")
-    if cb is not None:
-        common.check_shape("CB", cb, (batch, nchunks, ngroups, chunk_size, chunk_size),
-                           "batch, nchunks, ngroups, chunk_size, chunk_size")
-    if B is not None:
-        common.check_shape("B", B, tuple(C.shape), "batch, seqlen, ngroups, dstate")
-        common.check_float("B", B)
+    common.check_shape("CB", cb, (batch, nchunks, ngroups, chunk_size, chunk_size),
+                       "batch, nchunks, ngroups, chunk_size, chunk_size")
     if z is not None:
         common.check_shape("z", z, tuple(x.shape), "batch, seqlen, nheads, headdim")
         common.check_float("z", z)
     for name, t in (("x", x), ("C", C), ("prev_states", prev_states)):
         common.check_float(name, t)
-    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)) + ((("CB", cb),) if cb is not None else ()):
+    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum), ("CB", cb)):
         if t.dtype != torch.float32:
             raise ValueError(f"ssd: {name} must be fp32, got {t.dtype}")
     if D is not None:
         common.check_float("D", D)
     common.expand_D(D, nheads, headdim)  # raises on a bad D shape
     common.check_seq_idx(seq_idx, batch, seqlen)
-    common.check_device(x.device, cb=cb, B=B, C=C, dt=dt, dA_cumsum=dA_cumsum, prev_states=prev_states, D=D,
+    common.check_device(x.device, cb=cb, C=C, dt=dt, dA_cumsum=dA_cumsum, prev_states=prev_states, D=D,
                         z=z, seq_idx=seq_idx)
 
 
-def _launch(x: torch.Tensor, cb: torch.Tensor | None, B: torch.Tensor | None, C: torch.Tensor,
-            dt: torch.Tensor, dA_cumsum: torch.Tensor, prev_states: torch.Tensor, D: torch.Tensor | None,
-            z: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
+def _launch(x: torch.Tensor, cb: torch.Tensor, C: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+            prev_states: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+            seq_idx: torch.Tensor | None) -> torch.Tensor:
     nheads, headdim = x.shape[2], x.shape[3]
-    # Every dot runs on x's dtype; C, B and the states follow it (a no-op in the combined path).
-    args = (x, cb, None if B is None or cb is not None else B.to(x.dtype), C.to(x.dtype), dt.contiguous(),
-            dA_cumsum.contiguous(), prev_states.to(x.dtype), common.expand_D(D, nheads, headdim), z, seq_idx)
+    # Every dot runs on x's dtype; C and the states follow it (a no-op in the combined path).
+    args = (x, cb, C.to(x.dtype), dt.contiguous(), dA_cumsum.contiguous(), prev_states.to(x.dtype),
+            common.expand_D(D, nheads, headdim), z, seq_idx)
     return runtime.run(SSD_CHUNK_SCAN, args)
 
 
@@ -161,38 +142,38 @@ def chunk_scan_fwd(
     dA_cumsum: torch.Tensor,
     C: torch.Tensor,
     prev_states: torch.Tensor,
-    CB: torch.Tensor | None = None,
-    B: torch.Tensor | None = None,
+    CB: torch.Tensor,
     D: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """F5 (mamba-ssm `_chunk_scan_fwd`, or F4 + F5 fused when CB is None and B is given).
+    """F5 (mamba-ssm `_chunk_scan_fwd`).
 
     x, z: (batch, seqlen, nheads, headdim); dt, dA_cumsum: (batch, nheads, nchunks,
-    chunk_size) fp32; C, B: (batch, seqlen, ngroups, dstate); prev_states: (batch,
+    chunk_size) fp32; C: (batch, seqlen, ngroups, dstate); prev_states: (batch,
     nchunks, nheads, headdim, dstate) (from `state_passing_fwd`); CB: (batch, nchunks,
     ngroups, chunk_size, chunk_size) fp32 (from `bmm_chunk_fwd`, with its seq_idx mask);
     D: (nheads,) or (nheads, headdim); seq_idx: (batch, seqlen) int.
     Returns out (batch, seqlen, nheads, headdim) in x's dtype.
     """
-    _check(x, CB, B, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
-    return _launch(x, CB, B, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
+    _check(x, CB, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
+    return _launch(x, CB, C, dt, dA_cumsum, prev_states, D, z, seq_idx)
 
 
 # --- runtime declaration ----------------------------------------------------------------
 
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
-    x, cb, _B, C, dt, _dA, _ps, D, z, seq_idx = args
+    x, _cb, C, dt, _dA, _ps, D, z, seq_idx = args
     batch, seqlen, nheads, headdim = x.shape
     return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": C.shape[2],
             "dstate": C.shape[3], "chunk_size": dt.shape[3], "has_D": int(D is not None),
-            "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None), "fused_bmm": int(cb is None)}
+            "has_z": int(z is not None), "has_seq_idx": int(seq_idx is not None)}
 
 
-# Default (no tuned entry): the config all twelve H200 entries of the shipped bundles converged on,
-# at five presets' dims (Helion's own default, 16-wide blocks, was 1.3-2x slower there).
+# Default (no tuned entry): the config all twelve H200 entries converged on, at five presets' dims
+# (Helion's own default, 16-wide blocks, was 1.3-2x slower there), and 7 of the 8 H100 entries; the
+# bundles hold none since the fused-bmm form was deleted (the source changed) until a GPU re-tunes it.
 _DEFAULT = common.clamped_default([64, 64, 32, 64], ("chunk_size", "headdim", "chunk_size", "dstate"), 4, 3)
 
 

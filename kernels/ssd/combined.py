@@ -3,8 +3,7 @@
 Launch order (mamba-ssm's `_mamba_chunk_scan_combined_fwd` runs F1 chunk_cumsum -> F2
 chunk_state -> F3 state_passing (a scan) -> F4 bmm -> F5 chunk_scan): F1 -> F2 + F3 in one
 kernel walking the chunks in order (chunk_state_passing.py: no fp32 chunk states in memory)
--> F4 -> F5. `ssd_forward(fuse_bmm=True)` recomputes C B^T inside F5 instead of F4 (chunk_scan.py);
-off by default, what measured fastest (FUSE_BMM_DEFAULT's comment).
+-> F4 -> F5.
 
 The backward (`ssd_backward`, run by `mamba_chunk_scan_combined` through autograd) recomputes
 what the forward did not keep of F1, F2 + F3 and F4 (the forward keeps no output, and of the
@@ -26,7 +25,7 @@ import helion
 import torch
 
 from mamba_tune import paths, vocab
-from mamba_tune.keys import FUSE_BMM_DEFAULT, split_state_passing_bwd, two_pass_dbdc
+from mamba_tune.keys import split_state_passing_bwd, two_pass_dbdc
 from mamba_tune.ssd import (
     bmm,
     chunk_cumsum,
@@ -42,18 +41,14 @@ from mamba_tune.ssd import (
     state_passing_bwd,
 )
 
-# FUSE_BMM_DEFAULT: F5 with C B^T recomputed in registers instead of F4 + F5, off (its
-# measurement in mamba_tune.keys, whose chunk scan key holds it).
 # F2 + F3 fused (sequential over chunks, one program per state tile walks every chunk), not
 # F2 then a scan F3: it never writes the fp32 chunk states (268 MB each way at Nemotron-3
 # Nano's sizes). Measured on the H200 with tuned configs: the whole forward 0.417 ms against
 # 0.514 ms split at Nano (fused 0.151 ms against F2 0.144 + F3 0.102 ms; mamba-ssm 0.622 ms),
 # 0.226 against 0.258 ms at Falcon-H1-0.5B; the split forward and its F3 kernel are deleted.
 # With seq_idx, the sequence mask of C B^T computed inside a kernel miscompiles on the
-# H200 for some configs (bmm.py's docstring has the measurement), so the split path masks
-# F4's output with a torch op instead. The fused path (fuse_bmm=True) has the same mask
-# inside F5 and no such fix: CUDA calls with seq_idx and fuse_bmm=True raise unless this
-# variable is "1" (for debugging).
+# H200 for some configs (bmm.py's docstring has the measurement), so the forward masks
+# F4's output with a torch op instead.
 
 
 # B2 + B3 (the state gradients) as one walk over the chunks with a dot per step
@@ -145,41 +140,29 @@ def ssd_forward(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
-    fuse_bmm: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward pipeline; returns (out, final_states). Shapes as `mamba_chunk_scan_combined`.
-
-    fuse_bmm: recompute C B^T inside F5 (True) or run F4 then F5 (False); None: FUSE_BMM_DEFAULT.
-    """
+    """The forward pipeline; returns (out, final_states). Shapes as `mamba_chunk_scan_combined`."""
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    fuse = FUSE_BMM_DEFAULT if fuse_bmm is None else fuse_bmm
-    if fuse and seq_idx is not None and x.is_cuda:
-        raise NotImplementedError(
-            "ssd: fuse_bmm=True with seq_idx can give wrong outputs on the GPU (its in-kernel sequence "
-            "mask miscompiles for some configs); use fuse_bmm=False, the default")
     out, final_states, _inter = _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                         dt_softplus, dt_limit, fuse)
+                                         dt_softplus, dt_limit)
     return out, final_states
 
 
 def _forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
              D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
              initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
-             dt_limit: tuple[float, float], fuse: bool
-             ) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates | None]:
+             dt_limit: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates]:
     """The checked forward; returns (out, final_states, intermediates). The intermediates are
-    the backward's own (what `_recompute` gives for these inputs) with F4 split (the default),
-    None with fuse_bmm."""
+    the backward's own (what `_recompute` gives for these inputs)."""
     # The dots take one dtype: B and C follow x (mamba-ssm mixes them; models pass one dtype).
     B, C = B.to(x.dtype), C.to(x.dtype)
     dA_cumsum, dt_out = chunk_cumsum._launch(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
     # The states entering each chunk are rounded to the dots' dtype for F5 (as mamba-ssm);
     # the final state stays fp32.
     prev_states, final_states = chunk_state_passing._launch(B, x, dt_out, dA_cumsum, initial_states, seq_idx, x.dtype)
-    cb = None if fuse else bmm._launch(C, B, chunk_size, seq_idx)
-    out = chunk_scan._launch(x, cb, B if fuse else None, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
-    inter = SSDIntermediates(dA_cumsum, dt_out, prev_states, cb) if cb is not None else None
-    return out, final_states, inter
+    cb = bmm._launch(C, B, chunk_size, seq_idx)
+    out = chunk_scan._launch(x, cb, C, dt_out, dA_cumsum, prev_states, D, z, seq_idx)
+    return out, final_states, SSDIntermediates(dA_cumsum, dt_out, prev_states, cb)
 
 
 @dataclasses.dataclass
@@ -241,18 +224,16 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def saved_for_backward(x: torch.Tensor, inter: SSDIntermediates | None) -> SSDSaved:
+def saved_for_backward(x: torch.Tensor, inter: SSDIntermediates) -> SSDSaved:
     """Which of the forward's intermediates the autograd forward keeps (SAVE_INTERMEDIATES)."""
-    if inter is None:
-        return SSDSaved()
     return keep_within(inter, nbytes(x) + nbytes(inter.dA_cumsum))  # mamba-ssm's output and dA_cumsum
 
 
-def keep_within(inter: SSDIntermediates | None, budget: int) -> SSDSaved:
+def keep_within(inter: SSDIntermediates, budget: int) -> SSDSaved:
     """The intermediates to keep in at most `budget` bytes, most time saved first (none
     without SAVE_INTERMEDIATES)."""
     kept = SSDSaved()
-    if not SAVE_INTERMEDIATES or inter is None:
+    if not SAVE_INTERMEDIATES:
         return kept
     for names in _SAVE_ORDER:
         size = sum(nbytes(getattr(inter, n)) for n in names)
@@ -286,7 +267,7 @@ def ssd_recompute_forward(
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     Bx, Cx = B.to(x.dtype), C.to(x.dtype)
     inter = _recompute(x, dt, A, Bx, Cx, chunk_size, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit, saved)
-    out = chunk_scan._launch(x, inter.cb, None, Cx, inter.dt_out, inter.dA_cumsum, inter.prev_states, D, z, seq_idx)
+    out = chunk_scan._launch(x, inter.cb, Cx, inter.dt_out, inter.dA_cumsum, inter.prev_states, D, z, seq_idx)
     return out, inter
 
 
@@ -323,13 +304,11 @@ def ssd_forward_with_intermediates(
     seq_idx: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = vocab.DT_LIMIT_NONE,
-) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates | None]:
-    """`ssd_forward` on its default path, also returning the intermediates it computed on the
-    way (bitwise those `ssd_recompute_forward` gives; None if the defaults name another path),
-    for an autograd forward that keeps some."""
+) -> tuple[torch.Tensor, torch.Tensor, SSDIntermediates]:
+    """`ssd_forward`, also returning the intermediates it computed on the way (bitwise those
+    `ssd_recompute_forward` gives), for an autograd forward that keeps some."""
     _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
-                    FUSE_BMM_DEFAULT)
+    return _forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
 
 
 def _check_outputs(x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, z: torch.Tensor | None,

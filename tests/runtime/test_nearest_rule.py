@@ -14,7 +14,7 @@ from mamba_tune.ssd.chunk_scan import SSD_CHUNK_SCAN
 
 def _scan(**over: int) -> dict[str, int]:
     dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "headdim": 64, "ngroups": 8, "dstate": 128,
-            "chunk_size": 128, "has_D": 1, "has_z": 0, "has_seq_idx": 0, "fused_bmm": 0}
+            "chunk_size": 128, "has_D": 1, "has_z": 0, "has_seq_idx": 0}
     return {**dims, **over}
 
 
@@ -54,8 +54,8 @@ def test_structural_dims_and_key_shape_must_match():
     assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(ngroups=4, nheads=64)) is None
     assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(has_z=1)) is None
     assert _pick(SSD_CHUNK_SCAN, _scan(), _scan(dstate=64)) is None
-    # An entry whose key has other dims (an older kernel's key) is never near.
-    old = {k: v for k, v in _scan().items() if k != "fused_bmm"}
+    # An entry whose key has other dims (an older kernel's key: F5's had fused_bmm) is never near.
+    old = {**_scan(), "fused_bmm": 0}
     assert _pick(SSD_CHUNK_SCAN, _scan(), old) is None
     # The norm varies rows only: d and group size are structure.
     assert GATED_NORM_FWD.size_dims == ("rows",)

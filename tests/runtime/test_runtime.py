@@ -58,7 +58,7 @@ def test_exact_then_nearest_then_default(store_for):
 
 def _scan_dims(**over: int) -> dict[str, int]:
     dims = {"batch": 2, "seqlen": 8192, "nheads": 64, "headdim": 64, "ngroups": 8, "dstate": 128,
-            "chunk_size": 128, "has_D": 1, "has_z": 0, "has_seq_idx": 0, "fused_bmm": 0}
+            "chunk_size": 128, "has_D": 1, "has_z": 0, "has_seq_idx": 0}
     return {**dims, **over}
 
 

@@ -48,17 +48,11 @@ def _assert_bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.
     assert err <= bound, f"{name}: max error {err:.3e} > 2 * eager-{low.dtype} error + atol = {bound:.3e}"
 
 
-STAGE_CASES = [pytest.param(stage, 0, id=stage) for stage in STAGES] + [
-    pytest.param("ssd_chunk_scan", 1, id="ssd_chunk_scan-fused")]
-
-
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("stage,fused", STAGE_CASES)
-def test_stage_at_model_size(stage, fused, model, nan_empty):
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_at_model_size(stage, model, nan_empty):
     tk = get(stage)
     dims = tk.dims_for(model)
-    if "fused_bmm" in dims:
-        dims["fused_bmm"] = fused
     problem = tk.make_problem(dims, torch.bfloat16, torch.device("cuda"), 0)
     outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
     ref, low = problem.reference(), problem.lowp_reference()
@@ -70,11 +64,10 @@ def _model_inputs(model: ModelShape, seed: int = 0, **flags: int) -> SSDInputs:
     return SSDInputs.make({**mixer_dims(model), **flags}, torch.bfloat16, "cuda", seed)
 
 
-@pytest.mark.parametrize("fuse_bmm", [False, True], ids=["split-bmm", "fused-bmm"])
 @pytest.mark.parametrize("model", MODELS)
-def test_combined_at_model_size(model, fuse_bmm, nan_empty):
+def test_combined_at_model_size(model, nan_empty):
     i = _model_inputs(model)
-    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm, **i.kwargs())
+    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, **i.kwargs())
     u = i.upcast()
     ref_out, ref_final = ssd_chunked_ref(u.x, u.dt, u.A, u.B, u.C, i.chunk_size, **u.kwargs())
     low_out, low_final = ssd_chunked_ref(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, upcast=False, **i.kwargs())
@@ -142,13 +135,6 @@ def test_cuda_graph_capture(options):
     torch.cuda.synchronize()
     for a, c in zip(eager, captured, strict=True):
         assert torch.equal(a, c)
-
-
-def test_fused_bmm_with_seq_idx_on_the_gpu_is_refused():
-    shape = ModelShape(batch=1, seqlen=256, nheads=4, headdim=64, ngroups=1, dstate=64, chunk_size=64)
-    i = SSDInputs.make({**mixer_dims(shape), "has_seq_idx": 1}, torch.bfloat16, "cuda", 0)
-    with pytest.raises(NotImplementedError, match="fuse_bmm=True with seq_idx"):
-        ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=True, **i.kwargs())
 
 
 # Configs whose in-kernel seq_idx mask gave garbage CB on the H200 (max error 62.6 at Nano's

@@ -87,7 +87,7 @@ STAGE_RUNS = [
 def test_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_ref_mode):
     tk = get(stage)
     all_flags = {"has_dt_bias": flags, "dt_softplus": flags, "has_D": flags, "has_z": flags,
-                 "has_seq_idx": flags, "has_initial_states": flags, "fused_bmm": flags}
+                 "has_seq_idx": flags, "has_initial_states": flags}
     dims = {k: v for k, v in _dims(shape, **all_flags).items() if k in tk.dims}
     problem = tk.make_problem(dims, dtype, torch.device("cpu"), 0)
     outputs = problem.outputs(problem.run(lambda *args: runtime.run(tk.runtime, args)))
@@ -95,17 +95,6 @@ def test_stage_matches_reference(stage, flags, shape, dtype, atol, ssd_ref_mode)
     assert outputs.keys() == ref.keys() == low.keys()
     for name in ref:
         _assert_bounded(f"{stage}.{name}", outputs[name], ref[name], low[name], atol)
-
-
-def test_chunk_scan_fused_and_unfused_agree():
-    # The two F5 variants (CB from F4, or recomputed in registers) compute the same thing.
-    dims = _dims((2, 100, 4, 24, 2, 40, 32), has_D=1, has_z=1, has_seq_idx=1, fused_bmm=0)
-    tk = get("ssd_chunk_scan")
-    unfused = tk.make_problem(dims, torch.float32, torch.device("cpu"), 3)
-    fused = tk.make_problem({**dims, "fused_bmm": 1}, torch.float32, torch.device("cpu"), 3)
-    a = unfused.outputs(unfused.run(lambda *args: runtime.run(tk.runtime, args)))["out"]
-    b = fused.outputs(fused.run(lambda *args: runtime.run(tk.runtime, args)))["out"]
-    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 # --- the public stage functions -------------------------------------------------------
@@ -129,8 +118,6 @@ def test_stage_functions_chain_to_the_reference():
     out = chunk_scan_fwd(i.x, dt_out, dA, i.C, prev, CB=cb, D=i.D, seq_idx=i.seq_idx)
     ref = chunk_scan_ref(cb, i.x, rdt, rdA, i.C, rprev, i.D, None, i.seq_idx)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    fused = chunk_scan_fwd(i.x, dt_out, dA, i.C, prev, B=i.B, D=i.D, seq_idx=i.seq_idx)
-    torch.testing.assert_close(fused, ref, atol=1e-4, rtol=1e-4)
 
 
 # --- the combined forward against the recurrence --------------------------------------
@@ -152,8 +139,8 @@ def _combined_inputs(shape, options, dtype, seed=0) -> SSDInputs:
                           D_per_head=options.get("D_per_head", True))
 
 
-def _check_combined(i: SSDInputs, atol: float, fuse_bmm: bool | None = None) -> None:
-    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, fuse_bmm=fuse_bmm, **i.kwargs())
+def _check_combined(i: SSDInputs, atol: float) -> None:
+    out, final = ssd_forward(i.x, i.dt, i.A, i.B, i.C, i.chunk_size, **i.kwargs())
     assert out.shape == i.x.shape and out.dtype == i.x.dtype
     b, _, H, P = i.x.shape
     assert final.shape == (b, H, P, i.B.shape[3]) and final.dtype == torch.float32
@@ -176,15 +163,14 @@ def test_combined_bf16_matches_recurrence(shape, options):
     _check_combined(_combined_inputs(shape, options, torch.bfloat16), atol=1e-2)
 
 
-@pytest.mark.parametrize("dtype,atol,fuse_bmm", [
-    pytest.param(torch.float32, 1e-4, True, id="fp32-fused-bmm"),
-    pytest.param(torch.float16, 2e-3, True, id="fp16-fused-bmm"),
-    pytest.param(torch.bfloat16, 1e-2, False, id="bf16"),
-    pytest.param(torch.float32, 1e-4, False, id="fp32"),
+@pytest.mark.parametrize("dtype,atol", [
+    pytest.param(torch.float16, 2e-3, id="fp16"),
+    pytest.param(torch.bfloat16, 1e-2, id="bf16"),
+    pytest.param(torch.float32, 1e-4, id="fp32"),
 ])
-def test_combined_dtypes_and_paths(dtype, atol, fuse_bmm):
+def test_combined_dtypes(dtype, atol):
     options = {"has_seq_idx": 1, "has_initial_states": 1, "has_z": 1, "has_D": 1, "has_dt_bias": 1, "dt_softplus": 1}
-    _check_combined(_combined_inputs((2, 80, 4, 24, 2, 24, 32), options, dtype, seed=5), atol, fuse_bmm)
+    _check_combined(_combined_inputs((2, 80, 4, 24, 2, 24, 32), options, dtype, seed=5), atol)
 
 
 def test_public_function_returns_final_states_on_request():

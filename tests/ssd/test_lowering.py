@@ -35,26 +35,22 @@ STAGES = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_chunk_state_passing", "ssd
           "ssd_chunk_state_scan_bwd_dbdc", "ssd_chunk_cumsum_bwd")
 
 
-def _dims(shape: tuple[int, ...], flags: int, fused: int) -> dict[str, int]:
+def _dims(shape: tuple[int, ...], flags: int) -> dict[str, int]:
     b, L, H, P, G, N, Q = shape
     return {"batch": b, "seqlen": L, "nheads": H, "headdim": P, "ngroups": G, "dstate": N, "chunk_size": Q,
-            **dict.fromkeys(FLAGS, flags), "fused_bmm": fused, **bwd_partials(P, N)}
+            **dict.fromkeys(FLAGS, flags), **bwd_partials(P, N)}
 
 
 def _cases() -> list[tuple[str, str, dict[str, int], str]]:
     cases = []
     for stage in STAGES:
-        for fused in ((0, 1) if stage == "ssd_chunk_scan" else (0,)):
-            variant = {0: "", 1: "-fused"}[fused] if stage == "ssd_chunk_scan" else ""
-            # Every optional input absent and present at the first shape, one set at the others.
-            for (shape_id, shape), flags in (*(((k, v), 0) for k, v in list(SHAPES.items())[:1]),
-                                             *(((k, v), 1) for k, v in SHAPES.items())):
-                cases.append((f"{stage}{variant}-{shape_id}-flags{flags}-bf16", stage,
-                              _dims(shape, flags, fused), "bf16"))
-            cases.append((f"{stage}{variant}-L100-Q32-G2-flags1-fp32", stage, _dims(SHAPES["L100-Q32-G2"], 1, fused),
-                          "fp32"))
-            cases.append((f"{stage}{variant}-nemotron3-nano-mixer-bf16", stage,
-                          {**_dims(NEMOTRON_NANO, 0, fused), "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1}, "bf16"))
+        # Every optional input absent and present at the first shape, one set at the others.
+        for (shape_id, shape), flags in (*(((k, v), 0) for k, v in list(SHAPES.items())[:1]),
+                                         *(((k, v), 1) for k, v in SHAPES.items())):
+            cases.append((f"{stage}-{shape_id}-flags{flags}-bf16", stage, _dims(shape, flags), "bf16"))
+        cases.append((f"{stage}-L100-Q32-G2-flags1-fp32", stage, _dims(SHAPES["L100-Q32-G2"], 1), "fp32"))
+        cases.append((f"{stage}-nemotron3-nano-mixer-bf16", stage,
+                      {**_dims(NEMOTRON_NANO, 0), "has_dt_bias": 1, "dt_softplus": 1, "has_D": 1}, "bf16"))
     return cases
 
 

@@ -26,9 +26,8 @@ class _StageInputs:
         N = i.C.shape[3]
         nc = self.dt_out.shape[2]
         self.prev_states = (torch.randn(b, nc, H, P, N, generator=gen) * 0.5).to(dtype).to(device)
-        self.fused = bool(dims["fused_bmm"])
-        # The unfused kernel reads F4's fp32 output.
-        self.cb = None if self.fused else bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
+        # The kernel reads F4's fp32 output.
+        self.cb = bmm_chunk_ref(i.C.float(), i.B.float(), i.chunk_size, i.seq_idx)
 
     def ref(self, lowp: bool) -> dict[str, torch.Tensor]:
         i = self.inp
@@ -38,8 +37,7 @@ class _StageInputs:
                                  upcast=False)
         else:
             u = i.upcast()
-            cb = bmm_chunk_ref(u.C, u.B, i.chunk_size, i.seq_idx) if self.cb is None else self.cb
-            out = chunk_scan_ref(cb, u.x, self.dt_out, self.dA_cumsum, u.C, self.prev_states.float(), u.D, u.z,
+            out = chunk_scan_ref(self.cb, u.x, self.dt_out, self.dA_cumsum, u.C, self.prev_states.float(), u.D, u.z,
                                  i.seq_idx)
         return {"out": out.float()}
 
@@ -48,15 +46,14 @@ def _make_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
     H, P = i.x.shape[2], i.x.shape[3]
-    args = (i.x, s.cb, i.B if s.fused else None, i.C, s.dt_out, s.dA_cumsum, s.prev_states,
-            common.expand_D(i.D, H, P), i.z, i.seq_idx)
+    args = (i.x, s.cb, i.C, s.dt_out, s.dA_cumsum, s.prev_states, common.expand_D(i.D, H, P), i.z, i.seq_idx)
     e = i.x.element_size()
-    nbytes = (i.x.numel() * (2 + (i.z is not None)) + i.C.numel() * (1 + s.fused)) * e
-    nbytes += s.prev_states.numel() * e + 2 * s.dt_out.numel() * 4 + (0 if s.cb is None else s.cb.numel() * 4)
+    nbytes = (i.x.numel() * (2 + (i.z is not None)) + i.C.numel()) * e
+    nbytes += s.prev_states.numel() * e + 2 * s.dt_out.numel() * 4 + s.cb.numel() * 4
     b, L = i.x.shape[:2]
-    G, N, Q = i.C.shape[2], i.C.shape[3], i.chunk_size
-    # Useful dot work: C . state, the causal half of scores . x, and (fused) the causal half of C B^T.
-    flops = 2 * b * L * H * P * N + b * L * H * P * Q + (b * L * G * Q * N if s.fused else 0)
+    N, Q = i.C.shape[3], i.chunk_size
+    # Useful dot work: C . state and the causal half of scores . x.
+    flops = 2 * b * L * H * P * N + b * L * H * P * Q
     return Problem(
         args=args,
         reference=lambda: s.ref(lowp=False),
@@ -72,15 +69,11 @@ def _baseline(dims: dict[str, int], dtype: torch.dtype, device: torch.device, se
     if found is None or device.type != "cuda":
         return None
     mods, name = found
-    s = _StageInputs({**dims, "fused_bmm": 0}, dtype, device, seed)
+    s = _StageInputs(dims, dtype, device, seed)
     i = s.inp
-    # The fused kernel replaces mamba-ssm's F4 + F5: time both then.
-    with_bmm = bool(dims["fused_bmm"])
 
     def fn() -> Any:
-        cb = mods["bmm"]._bmm_chunk_fwd(i.C, i.B, i.chunk_size, seq_idx=i.seq_idx, output_dtype=torch.float32) \
-            if with_bmm else s.cb
-        return mods["chunk_scan"]._chunk_scan_fwd(cb, i.x, s.dt_out, s.dA_cumsum, i.C, s.prev_states, D=i.D,
+        return mods["chunk_scan"]._chunk_scan_fwd(s.cb, i.x, s.dt_out, s.dA_cumsum, i.C, s.prev_states, D=i.D,
                                                  z=i.z, seq_idx=i.seq_idx)
 
     return Baseline(name, fn)
@@ -95,6 +88,6 @@ SSD_CHUNK_SCAN = TunableKernel(
     make_problem=_make_problem,
     make_baseline=_baseline,
     seed_configs=_SEEDS,
-    description="SSD F5: output from the entering state and the causal chunk-local term, "
-                "optionally with F4 fused (mamba-ssm _chunk_scan_fwd_kernel)",
+    description="SSD F5: output from the entering state and the causal chunk-local term "
+                "(mamba-ssm _chunk_scan_fwd_kernel)",
 )
