@@ -23,8 +23,7 @@ from mamba_tune import env
 @dataclasses.dataclass(frozen=True)
 class PathChoice:
     name: str
-    # The environment variable that forces one choice (parsed by mamba_tune.env), or, for a
-    # choice the caller makes, "argument NAME" (a function argument; no variable).
+    # The environment variable that forces one choice (parsed by mamba_tune.env).
     var: str
     # Choice -> the kernels (bundle names) it runs.
     choices: dict[str, tuple[str, ...]]
@@ -37,7 +36,7 @@ class PathChoice:
         """The forced choice (the variable), else `rule` (the default rule's answer at this shape)."""
         if rule not in self.choices:
             raise ValueError(f"{self.name}: the rule chose {rule!r}, not one of {', '.join(self.choices)}")
-        forced = None if self.var.startswith("argument ") else env.read(self.var)
+        forced = env.read(self.var)
         return rule if forced is None else forced
 
 
@@ -63,8 +62,7 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
 
 
 for _p in PATHS.values():
-    if not _p.var.startswith("argument "):
-        env.register_choice(_p.var, tuple(_p.choices), f"force `{_p.name}` (mamba_tune.paths): {_p.doc}")
+    env.register_choice(_p.var, tuple(_p.choices), f"force `{_p.name}` (mamba_tune.paths): {_p.doc}")
 
 
 def choose(name: str, rule: str) -> str:
@@ -86,6 +84,5 @@ def markdown() -> str:
     rows = ["| choice | variable | forms (kernels) | default | what |", "|---|---|---|---|---|"]
     for p in PATHS.values():
         forms = "; ".join(f"`{c}`: {', '.join(f'`{k}`' for k in ks) or 'torch'}" for c, ks in p.choices.items())
-        var = p.var.replace("argument ", "argument `") + "`" if p.var.startswith("argument ") else f"`{p.var}`"
-        rows.append(f"| `{p.name}` | {var} | {forms} | `{p.default}` | {p.doc} |")
+        rows.append(f"| `{p.name}` | `{p.var}` | {forms} | `{p.default}` | {p.doc} |")
     return "\n".join(rows) + "\n"
