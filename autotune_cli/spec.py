@@ -484,15 +484,13 @@ def _resolve(model: SpecModel, text: str, source: str, stem: str, fail: Any) -> 
 
     known = all_keys()
     if model.kernels == "all":
-        # The kernels the default path runs (mamba_tune.paths), not those of forms it never picks,
-        # nor those no layer runs (`off_layer_dims`: the conv1d backward's two kernels), nor those
+        # Every kernel (each form of a mamba_tune.paths choice runs at the shapes its rule picks it
+        # for), but those no layer runs (`off_layer_dims`: the conv1d backward's two kernels), nor those
         # that run only inside another kernel's stage (`runs_too`: F2's kernel in the split state
         # passing backward), which come with that kernel at the shapes where it launches them.
-        from mamba_tune.paths import off_default_path
-
         inside = {k for key in known.values() for k, _dims_for in key.runs_too}
         kernels = [k for k, key in known.items()
-                   if k not in off_default_path() and k not in inside and key.off_layer_dims is None]
+                   if k not in inside and key.off_layer_dims is None]
     else:
         kernels = []
         for i, k in enumerate(model.kernels):

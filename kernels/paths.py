@@ -1,9 +1,9 @@
 """The live per-shape code-path choices of the runtime, in one registry.
 
-Where the runtime can run a step in more than one way, a rule picks one per shape (or one form is
-the default), and an environment variable may force one, for measuring. Each `PathChoice` names
-the choice, its choices, the kernels each runs, the default rule (`rule`: where it lives, its
-docstring keeps the numbers that chose it) and the variable that overrides it; `choose` is the one
+Where the runtime can run a step in more than one way, a rule picks one per shape, and an
+environment variable may force one, for measuring. Each `PathChoice` names the choice, its
+choices, the kernels each runs, the rule (where it lives; its docstring keeps the numbers that
+chose it) and the variable that overrides it; `choose` is the one
 place a call site asks, and `mamba_tune.env` the one parser of the variable. docs/paths.md's
 table is `markdown()` (tests/runtime/test_env.py checks they agree).
 
@@ -27,7 +27,8 @@ class PathChoice:
     var: str
     # Choice -> the kernels (bundle names) it runs.
     choices: dict[str, tuple[str, ...]]
-    # The default: one choice's name, or where the per-shape rule lives ("module.function").
+    # Where the per-shape rule lives ("module.function"). There is no fixed default form: a form
+    # that loses everywhere is deleted, not kept behind a variable.
     default: str
     # One line: what is chosen and by what rule.
     doc: str
@@ -70,18 +71,9 @@ def choose(name: str, rule: str) -> str:
     return PATHS[name].choose(rule)
 
 
-def off_default_path() -> set[str]:
-    """Kernels that only a non-default form of a fixed default runs: what a spec's `kernels: all`
-    leaves out. (The forms of a per-shape rule each run at some shapes; where a kernel runs there
-    its key record says so: `dims_for`, `runs_too`.)"""
-    fixed = [p for p in PATHS.values() if p.default in p.choices]
-    on = {k for p in fixed for k in p.choices[p.default]}
-    return {k for p in fixed for c, ks in p.choices.items() if c != p.default for k in ks} - on
-
-
 def markdown() -> str:
     """docs/paths.md's table of the choices."""
-    rows = ["| choice | variable | forms (kernels) | default | what |", "|---|---|---|---|---|"]
+    rows = ["| choice | variable | forms (kernels) | rule | what |", "|---|---|---|---|---|"]
     for p in PATHS.values():
         forms = "; ".join(f"`{c}`: {', '.join(f'`{k}`' for k in ks) or 'torch'}" for c, ks in p.choices.items())
         rows.append(f"| `{p.name}` | `{p.var}` | {forms} | `{p.default}` | {p.doc} |")

@@ -136,9 +136,10 @@ def test_each_choice_names_real_kernels_and_its_rule():
         assert p.var.startswith(env.PREFIX) and len(p.choices) >= 2, p.name
         for kernels in p.choices.values():
             assert set(kernels) <= set(keys), (p.name, kernels)
-        if p.default not in p.choices:  # a per-shape rule: "module.function"
-            module, _, function = p.default.rpartition(".")
-            assert callable(getattr(importlib.import_module(module), function)), p.default
+        # A per-shape rule, "module.function": no fixed default form.
+        assert p.default not in p.choices, p.name
+        module, _, function = p.default.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), function)), p.default
 
 
 def test_choose_takes_the_rule_unless_the_variable_forces_one(monkeypatch):
