@@ -465,9 +465,15 @@ def tune(
             break
         baseline_ms = baseline_name = None
         if tk.make_baseline is not None:
-            base = tk.make_baseline(dims, dtype, device, budget.seed)
-            if base is not None:
-                baseline_ms, baseline_name = bench_ms(base.fn, device), base.name
+            # The baseline only informs the entry: a baseline that fails to build or run (a
+            # library's other version) costs its figure, not the checked winner.
+            try:
+                base = tk.make_baseline(dims, dtype, device, budget.seed)
+                if base is not None:
+                    baseline_ms, baseline_name = bench_ms(base.fn, device), base.name
+            except Exception as e:  # noqa: BLE001 - any library error; said in one line, entry kept
+                print(f"mamba-tune: {kernel_name}: baseline failed, entry kept without it: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr, flush=True)
         phase_done("baseline")
         gbps = problem.bytes_moved / (t_best * 1e-3) / 1e9 if problem.bytes_moved else None
         tflops = problem.flops / (t_best * 1e-3) / 1e12 if problem.flops else None

@@ -60,3 +60,25 @@ def test_problem_passes_the_accuracy_check(name: str, dims: dict[str, int], dtyp
     first = next(iter(spoiled))
     broken = type(problem)(**{**problem.__dict__, "outputs": lambda res: {**spoiled, first: spoiled[first] + 1.0}})
     assert not check_accuracy(broken, result, DEFAULT_TOLERANCES[dtype]).passed
+
+
+def test_a_failing_baseline_costs_its_figure_not_the_entry(monkeypatch, capfd) -> None:
+    # A baseline library of another version can fail where the search and its fp32 check did not
+    # (a call's signature changed): the entry is kept, without a baseline, and one line says why.
+    import dataclasses
+
+    from autotune_cli import tuner
+    from autotune_cli.spec import Budget
+
+    real = get("causal_conv1d_fwd")
+
+    def broken(*_args: object) -> None:
+        raise TypeError("causal_conv1d_fwd_function() takes 6 positional arguments but 7 were given\nmore")
+
+    monkeypatch.setattr(tuner, "get", lambda name: dataclasses.replace(real, make_baseline=broken))
+    out = tuner.tune(real.name, real.dims_for(SHAPE), "bf16", Budget(effort="none"), DEFAULT_TOLERANCES["bf16"])
+    assert out.entry is not None, out.failure
+    assert out.entry.accuracy.passed and out.entry.timing.baseline_ms is None and out.entry.timing.baseline is None
+    err = capfd.readouterr().err
+    assert ("mamba-tune: causal_conv1d_fwd: baseline failed, entry kept without it: TypeError: "
+            "causal_conv1d_fwd_function() takes 6 positional arguments but 7 were given\n") in err, err
