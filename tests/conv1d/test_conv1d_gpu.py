@@ -144,3 +144,31 @@ def test_decode_step(mode: str) -> None:
         their_out = found[0].causal_conv1d_update(x, pkg_state, weight, bias, "silu", cache, idx)
         assert torch.equal(ours, pkg_state)
         assert _err(out, their_out) <= 2e-2
+
+
+
+@pytest.mark.parametrize("kernel", ["causal_conv1d_fwd", "causal_conv1d_bwd_slide"])
+def test_the_sweeps_baselines_call_the_functions_the_layer_calls(kernel: str) -> None:
+    """With causal-conv1d installed the tuning records time `causal_conv1d.cpp_functions` (what
+    mamba-ssm's fused layer calls), not `causal_conv1d_fn`'s autograd, and the baseline computes
+    what our kernel does on the same inputs (its output or dx within bf16 rounding)."""
+    from autotune_cli.tuning import ModelShape, get
+    from autotune_cli.tuning.conv1d import ConvInputs, _baseline_bwd, _baseline_fwd
+
+    if causal_conv1d_package() is None:
+        pytest.skip("causal-conv1d is not installed")
+    dims = get(kernel).dims_for(ModelShape(batch=2, seqlen=1000, nheads=4, headdim=32, ngroups=1, dstate=16,
+                                           chunk_size=64))
+    dev = torch.device("cuda")
+    fwd = kernel == "causal_conv1d_fwd"
+    base = (_baseline_fwd if fwd else _baseline_bwd)(dims, torch.bfloat16, dev, 0)
+    assert base is not None
+    assert ("causal_conv1d_fwd_function" if fwd else "causal_conv1d_bwd_function") in base.name, base.name
+    theirs = base.fn()
+    inp = ConvInputs(dims, torch.bfloat16, dev, 0)  # the baseline's inputs (same seed)
+    if fwd:
+        mine = conv1d_forward(inp.x, inp.weight, inp.bias, None, None, None, True)
+        assert _err(theirs, mine) <= ATOL
+    else:
+        mine = conv1d_backward(inp.x, inp.weight, inp.bias, inp.dout, None, None, None, None, False, True)
+        assert _err(theirs[0], mine[0]) <= ATOL
