@@ -16,7 +16,7 @@
     dtypes: [bf16]                       # bf16 | fp16 | fp32
     norm_weight_dtypes: [fp32, bf16]     # optional, default [fp32]: the gated norm's weight dtypes;
                                          #   fp32, or one of dtypes (a module built in that dtype)
-    kernels: all                         # the default path's kernels, or a list of names (mamba-tune plan lists them)
+    kernels: all                         # every kernel a layer runs, or a list of names (mamba-tune plan lists them)
     budget:
       effort: quick                      # Helion effort: none | quick | full
       seconds_per_combo: 300             # cap on the search's wall time (optional)
