@@ -6,7 +6,7 @@ raises `MambaTuneEnvironmentError` with one line naming the variable and what it
 variable is used, `read` parses it with the same parser (a test may set it after the import). An
 empty value is the same as unset. The `mamba-tune` CLI reports the error as bad input (exit 2).
 
-The code-path overrides (MAMBA_TUNE_SSD_*, MAMBA_TUNE_CONV1D_BWD) are registered by the registry of
+The code-path overrides (MAMBA_TUNE_SSD_SP_BWD, MAMBA_TUNE_SSD_DBDC) are registered by the registry of
 per-shape choices, mamba_tune.paths, which `import mamba_tune` loads before the check. Standard
 library only: the check costs no torch import.
 """

@@ -29,16 +29,16 @@ class PathChoice:
     choices: dict[str, tuple[str, ...]]
     # Where the per-shape rule lives ("module.function"). There is no fixed default form: a form
     # that loses everywhere is deleted, not kept behind a variable.
-    default: str
+    rule: str
     # One line: what is chosen and by what rule.
     doc: str
 
-    def choose(self, rule: str) -> str:
-        """The forced choice (the variable), else `rule` (the default rule's answer at this shape)."""
-        if rule not in self.choices:
-            raise ValueError(f"{self.name}: the rule chose {rule!r}, not one of {', '.join(self.choices)}")
+    def choose(self, ruled: str) -> str:
+        """The forced choice (the variable), else `ruled` (the rule's answer at this shape)."""
+        if ruled not in self.choices:
+            raise ValueError(f"{self.name}: the rule chose {ruled!r}, not one of {', '.join(self.choices)}")
         forced = env.read(self.var)
-        return rule if forced is None else forced
+        return ruled if forced is None else forced
 
 
 PATHS: dict[str, PathChoice] = {p.name: p for p in (
@@ -46,7 +46,7 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         name="ssd_state_passing_bwd",
         var="MAMBA_TUNE_SSD_SP_BWD",
         choices={"fused": ("ssd_chunk_state_passing_bwd",), "split": ("ssd_chunk_state", "ssd_state_passing_bwd")},
-        default="mamba_tune.keys.split_state_passing_bwd",
+        rule="mamba_tune.keys.split_state_passing_bwd",
         doc="the SSD backward's state gradients (B2 + B3): one walk over the chunks with a dot per step, or F2's "
             "kernel then an elementwise walk; split where batch x nheads < 64 or chunk_size >= 256",
     ),
@@ -55,7 +55,7 @@ PATHS: dict[str, PathChoice] = {p.name: p for p in (
         var="MAMBA_TUNE_SSD_DBDC",
         choices={"one": ("ssd_chunk_state_scan_bwd_dbdc",), "two": ("ssd_chunk_state_scan_bwd_dcb",
                                                                     "ssd_bmm_bwd_dbdc")},
-        default="mamba_tune.keys.two_pass_dbdc",
+        rule="mamba_tune.keys.two_pass_dbdc",
         doc="the SSD backward's dB and dC (B5-B8): one kernel, or two passes through a head-summed dCB buffer; "
             "two at dstate >= 256",
     ),
@@ -67,7 +67,7 @@ for _p in PATHS.values():
 
 
 def choose(name: str, rule: str) -> str:
-    """Which form of `name` runs: its variable's choice when set, else `rule` (the default rule's answer)."""
+    """Which form of `name` runs: its variable's choice when set, else `rule` (the rule's answer at this shape)."""
     return PATHS[name].choose(rule)
 
 
@@ -76,5 +76,5 @@ def markdown() -> str:
     rows = ["| choice | variable | forms (kernels) | rule | what |", "|---|---|---|---|---|"]
     for p in PATHS.values():
         forms = "; ".join(f"`{c}`: {', '.join(f'`{k}`' for k in ks) or 'torch'}" for c, ks in p.choices.items())
-        rows.append(f"| `{p.name}` | `{p.var}` | {forms} | `{p.default}` | {p.doc} |")
+        rows.append(f"| `{p.name}` | `{p.var}` | {forms} | `{p.rule}` | {p.doc} |")
     return "\n".join(rows) + "\n"

@@ -330,8 +330,7 @@ def _baseline_fwd(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     found = causal_conv1d_package()
     if found is not None:
         pkg, name = found
-        layer_fns = _layer_functions()
-        if layer_fns is not None:
+        if (layer_fns := _layer_functions()) is not None:
             fwd_fn = layer_fns[0]
             return Baseline(f"{name} {fwd_fn.__name__}",
                             lambda: fwd_fn(inp.x, inp.weight, inp.bias, inp.seq_idx, inp.initial_states, None,
@@ -348,8 +347,7 @@ def _baseline_bwd(dims: dict[str, int], dtype: torch.dtype, device: torch.device
     inp = ConvInputs(dims, dtype, device, seed)
     act = "silu" if inp.silu else None
     found = causal_conv1d_package()
-    layer_fns = _layer_functions() if found is not None else None
-    if found is not None and layer_fns is not None:
+    if found is not None and (layer_fns := _layer_functions()) is not None:
         bwd_fn = layer_fns[1]
         # The whole backward (dx too): compare it with both kernels' times together.
         return Baseline(f"{found[1]} {bwd_fn.__name__}, whole backward (dx too)",

@@ -137,9 +137,9 @@ def test_each_choice_names_real_kernels_and_its_rule():
         for kernels in p.choices.values():
             assert set(kernels) <= set(keys), (p.name, kernels)
         # A per-shape rule, "module.function": no fixed default form.
-        assert p.default not in p.choices, p.name
-        module, _, function = p.default.rpartition(".")
-        assert callable(getattr(importlib.import_module(module), function)), p.default
+        assert p.rule not in p.choices, p.name
+        module, _, function = p.rule.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), function)), p.rule
 
 
 def test_choose_takes_the_rule_unless_the_variable_forces_one(monkeypatch):
