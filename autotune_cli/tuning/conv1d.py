@@ -20,6 +20,7 @@ library runs that stencil alone). No model layer plans the two (`tune` still tak
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from typing import Any
 
 import torch
@@ -28,6 +29,18 @@ import torch.nn.functional as F
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
 from mamba_tune.conv1d import bwd, bwd_slide, common, fwd, update
+
+
+def position_stride(dim: int, element_size: int, row_align: int) -> int:
+    """The least position stride (elements) >= dim at which positions start row_align bytes
+    apart modulo 128 (a power of two from the element size to 128): the layout `ConvInputs` gives
+    a row_align problem. ValueError for another row_align."""
+    if row_align not in (2 ** k for k in range(8)) or not element_size <= row_align <= 128:
+        raise ValueError(f"row_align {row_align}: not a power of two from the element size {element_size} to 128")
+    stride = dim
+    while math.gcd(stride * element_size, 128) != row_align:
+        stride += 1
+    return stride
 
 
 class ConvInputs:
@@ -45,9 +58,14 @@ class ConvInputs:
                 return rand(shape[0], shape[2], shape[1]).transpose(1, 2)
             return rand(*shape)
 
+        # row_align (channel-last only): x's positions start that many bytes apart modulo 128,
+        # as in the layer's slice of in_proj's output (mamba_tune.keys.conv1d_row_align).
+        self.row_align = dims.get("row_align")
+        self.shape, self.dtype, self.device = (batch, dim, seqlen), dtype, device
+
         self.width = width
         self.silu = bool(dims.get("silu", 0))
-        self.x = seq(batch, dim, seqlen)
+        self.x = seq(batch, dim, seqlen) if self.row_align is None else self.like_x().copy_(seq(batch, dim, seqlen))
         # Mamba-2's conv init: uniform with bound 1/sqrt(width); here Gaussian of that scale.
         self.weight = rand(dim, width, scale=width ** -0.5)
         self.bias = rand(dim, scale=0.1) if dims.get("has_bias", 0) else None
@@ -61,6 +79,15 @@ class ConvInputs:
         self.dout = seq(batch, dim, seqlen)
         self.dfinal = rand(batch, dim, width - 1) if dims.get("has_dfinal", 0) else None
         self.want_dinit = bool(dims.get("has_dinitial_states", 0)) and self.initial_states is not None
+
+    def like_x(self) -> torch.Tensor:
+        """An empty (batch, dim, seqlen) tensor in x's layout: with row_align, a slice of a wider
+        channel-last buffer whose positions sit row_align bytes apart modulo 128."""
+        if self.row_align is None:
+            return common.like(self.x)
+        batch, dim, seqlen = self.shape
+        stride = position_stride(dim, torch.empty((), dtype=self.dtype).element_size(), self.row_align)
+        return torch.empty(batch, seqlen, stride, dtype=self.dtype, device=self.device)[..., :dim].transpose(1, 2)
 
     def ref(self, upcast: bool) -> dict[str, torch.Tensor]:
         out, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states,
@@ -160,7 +187,7 @@ def _make_bwd_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.de
 
 def _make_bwd_slide_problem(dims: dict[str, int], dtype: torch.dtype, device: torch.device, seed: int) -> Problem:
     inp = ConvInputs(dims, dtype, device, seed)
-    dx = common.like(inp.x)
+    dx = inp.like_x()  # the layer writes dx into its slice of the input gradient, laid out as x
     dinit = common.dinit_buffer(inp.initial_states) if inp.want_dinit else None
     args = (inp.x, inp.weight, inp.bias, inp.dout, inp.seq_idx, inp.initial_states, inp.dfinal, dx, dinit,
             inp.width, inp.silu)

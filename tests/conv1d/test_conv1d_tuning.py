@@ -3,6 +3,8 @@ and a broken output fails it (the check compares what the record says it compare
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -82,3 +84,36 @@ def test_a_failing_baseline_costs_its_figure_not_the_entry(monkeypatch, capfd) -
     err = capfd.readouterr().err
     assert ("mamba-tune: causal_conv1d_fwd: baseline failed, entry kept without it: TypeError: "
             "causal_conv1d_fwd_function() takes 6 positional arguments but 7 were given\n") in err, err
+
+
+@pytest.mark.parametrize("name", ["causal_conv1d_fwd", "causal_conv1d_bwd_slide"])
+def test_row_align_lays_the_inputs_out_as_the_layers_slice(name: str) -> None:
+    """row_align: the same values as the dense problem, x (and the backward's dx, which the layer
+    writes into its slice of the input gradient) at positions that many bytes apart modulo 128;
+    the problem still passes the fp32 check in ref mode."""
+    tk = get(name)
+    dims = tk.dims_for(SHAPE)
+    dense = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
+    sliced = tk.make_problem({**dims, "row_align": 32}, torch.bfloat16, torch.device("cpu"), 0)
+    x_dense, x = dense.args[0], sliced.args[0]
+    assert torch.equal(x, x_dense) and x.stride(1) == 1 and x.stride(2) != x_dense.stride(2)
+    assert math.gcd(x.stride(2) * 2, 128) == 32
+    if name == "causal_conv1d_bwd_slide":
+        assert sliced.args[7].stride() == x.stride()
+    result = sliced.run(tk.kernel)
+    assert check_accuracy(sliced, result, DEFAULT_TOLERANCES["bf16"]).passed
+
+
+@pytest.mark.parametrize(("dim", "align", "stride"), [(5248, 32, 5264), (5248, 128, 5248), (40, 2, 41)])
+def test_position_stride_is_the_least_with_that_alignment(dim: int, align: int, stride: int) -> None:
+    from autotune_cli.tuning.conv1d import position_stride
+
+    assert position_stride(dim, 2, align) == stride
+
+
+@pytest.mark.parametrize("align", [0, 1, 48, 256])
+def test_position_stride_refuses_an_alignment_that_is_not_one(align: int) -> None:
+    from autotune_cli.tuning.conv1d import position_stride
+
+    with pytest.raises(ValueError, match=f"row_align {align}: not a power of two"):
+        position_stride(64, 2, align)
