@@ -10,7 +10,6 @@ is held for the whole run.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
@@ -81,12 +80,6 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
 
 # The sweep's temp folder: TMPDIR/mamba-tune-sweep-<pid>-XXXX, the pid naming its owner.
 TMP_PREFIX = "mamba-tune-sweep-"
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    # Linux: SIGKILL the worker when the sweep process dies, even by SIGKILL.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 # Helion runs a config first in its own process only in this precompile mode.
@@ -191,10 +184,10 @@ class Sweep:
         else:
             args = [str(workdir / "job.json"), str(workdir / "result.json"), str(workdir / "status.json")]
         with open(log_path, "wb") as log:
+            # No preexec_fn: the worker ties its life to this process itself (worker.die_with).
             proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune_cli.worker", *args],
+                [sys.executable, "-m", "autotune_cli.worker", "--parent", str(os.getpid()), *args],
                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         now = time.monotonic()
         return RunningCombo(combo, index, slot, proc, workdir, log_path, now, now + self.job.timeout_s(), isolated, inbox)

@@ -1,7 +1,7 @@
 """Worker process: tune one combo, or a series of them, and write each outcome as JSON.
 
-    python -m autotune_cli.worker JOB.json RESULT.json [STATUS.json]
-    python -m autotune_cli.worker --serve INBOX
+    python -m autotune_cli.worker [--parent PID] JOB.json RESULT.json [STATUS.json]
+    python -m autotune_cli.worker [--parent PID] --serve INBOX
 
 The first form tunes one combo and exits (Slurm tasks, and the sweep's `--fresh-workers`).
 In the second the worker stays warm: it waits for INBOX/job (JSON: the job, result, status
@@ -9,6 +9,7 @@ and log paths), tunes it with its output in that log, writes the result, and wai
 next, so torch, helion and the kernels are imported once per GPU, not once per combo. The
 sweep keeps one per GPU, pinned with CUDA_VISIBLE_DEVICES. A result file (entry or failure)
 is the outcome; a worker that dies without one is a crash the parent records as a failure.
+With --parent (the sweep's pid) the worker dies with the sweep (`die_with`).
 A warm worker exits after a combo that produced no entry, so that whatever state a failure
 left does not reach the next combo. A result with `context_lost` says a config broke the
 CUDA context mid-search; the sweep may retry that combo in a fresh worker (see
@@ -102,7 +103,31 @@ def run_job(job_path: str, result_path: str, status_path: str | None) -> dict[st
     return result
 
 
+def die_with(parent: int) -> bool:
+    """Have the kernel SIGKILL this worker when its parent, the sweep, dies, even by SIGKILL
+    (Linux; elsewhere the serving loop's parent check is all). False when the parent is gone
+    already: this worker's parent is not `parent` any more.
+
+    Here, after exec, and not in a `preexec_fn` of the sweep's Popen: that runs Python in the
+    forked child of a process with threads (the progress display), and on an H100 one such child
+    hung before its exec (it had loaded libc with ctypes), and with it the sweep, in Popen, for good."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    return os.getppid() == parent
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--parent"]:
+        if len(argv) < 3 or not argv[1].isdigit():
+            print("usage: python -m autotune_cli.worker [--parent PID] (JOB RESULT [STATUS] | --serve INBOX)",
+                  file=sys.stderr)
+            return 2
+        if not die_with(int(argv[1])):
+            print(f"worker: its sweep (pid {argv[1]}) is gone; nothing run", file=sys.stderr)
+            return 0
+        argv = argv[2:]
     if argv[:1] == ["--serve"]:
         if len(argv) != 2:
             print("usage: python -m autotune_cli.worker --serve INBOX", file=sys.stderr)

@@ -3,6 +3,7 @@ search): every entry written at once, resume after a SIGKILL, the file lock, fai
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -402,3 +403,50 @@ def test_a_worker_killed_by_a_signal_leaves_a_log_saying_how(tmp_path):
     assert int(m[1]) == workers[0] and m[2].startswith("start") and int(m[3]) > 0
     log = Path(m[4]).read_text()
     assert log.rstrip().endswith(f"mamba-tune sweep: {failure.reason.split('; no result')[0]}"), log[-2000:]
+
+
+def test_a_worker_whose_sweep_is_gone_runs_nothing(tmp_path):
+    """`--parent PID` names the sweep: a worker started after it died (its parent is another
+    process) says so and exits without a result; a bad --parent is a usage line and exit 2."""
+    job, result = tmp_path / "job.json", tmp_path / "result.json"
+    job.write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "autotune_cli.worker", "--parent", "1", str(job), str(result)],
+                       capture_output=True, text=True, timeout=120, env=env())
+    assert r.returncode == 0 and r.stderr.strip() == "worker: its sweep (pid 1) is gone; nothing run", r.stderr
+    assert not result.exists()
+    r = subprocess.run([sys.executable, "-m", "autotune_cli.worker", "--parent", "x", str(job), str(result)],
+                       capture_output=True, text=True, timeout=120, env=env())
+    assert r.returncode == 2 and r.stderr.startswith("usage: python -m autotune_cli.worker [--parent PID]")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_die_with_ties_a_busy_worker_to_its_sweep(tmp_path):
+    """`worker.die_with`: a process that called it dies when its parent is SIGKILLed, busy or not
+    (the serving loop's own parent check only runs between combos)."""
+    child = ("import sys, time; from autotune_cli.worker import die_with; "
+             "assert die_with(int(sys.argv[1])); print('tied', flush=True); time.sleep(120)")
+    parent = ("import os, subprocess, sys; "
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())], stdout=subprocess.PIPE); "
+              "print(c.pid, c.stdout.readline().decode().strip(), flush=True); import time; time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, env=env(), start_new_session=True)
+    try:
+        pid, word = p.stdout.readline().decode().split()  # type: ignore[union-attr]
+        assert word == "tied"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and _alive(int(pid)):
+            time.sleep(0.1)
+        assert not _alive(int(pid))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie nobody reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
