@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -329,16 +330,34 @@ D_CONV = 4
 # sequence length serves neighbouring ones (each within 4x); width, the flags and the
 # layout stay structural.
 CONV1D_SIZE_DIMS = ("batch", "seqlen", "dim")
+# The layer hands the conv xBC as a slice of in_proj's output (z, xBC, dt per position), so its
+# positions are d_in_proj elements apart, not dim: at Zamba2-2.7B 10448 elements (16 off a
+# multiple of 64; 20896 B, 32 B off a 128 B line). A config tuned on dense rows ran 0.96x (forward)
+# and 0.93x (backward) of causal-conv1d there on an H100; tuned on the layer's rows, 1.02x both.
+# So the layer kernels key on `row_align`: the alignment, in elements up to ROW_ALIGN_MAX, of x's
+# rows (its position stride channel-last, its channel stride contiguous, and its batch stride).
+ROW_ALIGN_MAX = 64
+
+
+def row_align(*strides: int) -> int:
+    """The `row_align` key dim of a tensor with these strides (elements): their gcd with ROW_ALIGN_MAX."""
+    return math.gcd(ROW_ALIGN_MAX, *strides)
+
+
+def in_proj_width(shape: ModelShape) -> int:
+    """The width of the Mamba-2 mixer's in_proj output per TP rank (z, xBC, dt; no MLP part):
+    the position stride of the xBC slice the conv reads."""
+    return 2 * shape.nheads * shape.headdim + 2 * shape.ngroups * shape.dstate + shape.nheads
 
 
 def conv1d_fwd_dims(shape: ModelShape) -> dict[str, int]:
     """The conv the Mamba-2 mixer runs (mamba_ssm.modules.mamba2, fused or not): over xBC,
     dim = nheads * headdim + 2 * ngroups * dstate (per TP rank), width d_conv, with bias and
-    SiLU, channel-last (xBC (batch, seqlen, dim) rearranged), seq_idx for packed sequences,
-    no initial or final states."""
+    SiLU, channel-last (xBC (batch, seqlen, dim) rearranged, a slice of in_proj's output: its
+    rows' `row_align`), seq_idx for packed sequences, no initial or final states."""
     return {"batch": shape.batch, "seqlen": shape.seqlen, "dim": shape.nheads * shape.headdim
             + 2 * shape.ngroups * shape.dstate, "width": D_CONV, "has_bias": 1, "has_seq_idx": int(shape.packed),
-            "has_initial_states": 0, "silu": 1, "channel_last": 1}
+            "has_initial_states": 0, "silu": 1, "channel_last": 1, "row_align": row_align(in_proj_width(shape))}
 
 
 def _conv1d_bwd_dims(dims: tuple[str, ...]) -> DimsFor:
@@ -354,17 +373,21 @@ def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
             "state_len": D_CONV, "has_bias": 1, "silu": 1, "has_cache_seqlens": 0, "has_state_indices": 0}
 
 
-_CONV1D_FWD_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
-                    "channel_last")
+_CONV1D_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
+                "channel_last")
+# The kernels a layer runs key on its rows' alignment too; any value leaves the config space as it
+# is, so a config tuned at one serves the others (nearest) until they are tuned.
+_CONV1D_FWD_DIMS = (*_CONV1D_DIMS, "row_align")
 
 CAUSAL_CONV1D_FWD = KernelKey("causal_conv1d_fwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, conv1d_fwd_dims,
-                              "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel")
+                              "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel", neutral_dims=("row_align",))
 # The backward of channel-last calls (the Mamba-2 layer's xBC): one kernel stepping rows
 # (bwd_slide.py). Its dims are the forward's plus which state gradients flow.
 _CONV1D_BWD_SLIDE_DIMS = (*_CONV1D_FWD_DIMS, "has_dinitial_states", "has_dfinal")
 CAUSAL_CONV1D_BWD_SLIDE = KernelKey("causal_conv1d_bwd_slide", "conv1d", _CONV1D_BWD_SLIDE_DIMS, CONV1D_SIZE_DIMS,
                                     _conv1d_bwd_dims(_CONV1D_BWD_SLIDE_DIMS),
-                                    "mamba_tune.conv1d.bwd_slide:causal_conv1d_bwd_slide_kernel")
+                                    "mamba_tune.conv1d.bwd_slide:causal_conv1d_bwd_slide_kernel",
+                                    neutral_dims=("row_align",))
 
 
 def _not_at_layers(shape: ModelShape) -> None:
@@ -381,9 +404,9 @@ def _contiguous_bwd_dims(dims: tuple[str, ...]) -> DimsFor:
 
 # The backward of every other call, two kernels: dpre with dweight and dbias (it reads what the
 # forward reads), then dx from dpre (the final states' gradient in, the initial states' out).
-CAUSAL_CONV1D_BWD = KernelKey("causal_conv1d_bwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, _not_at_layers,
+CAUSAL_CONV1D_BWD = KernelKey("causal_conv1d_bwd", "conv1d", _CONV1D_DIMS, CONV1D_SIZE_DIMS, _not_at_layers,
                               "mamba_tune.conv1d.bwd:causal_conv1d_bwd_kernel",
-                              off_layer_dims=_contiguous_bwd_dims(_CONV1D_FWD_DIMS))
+                              off_layer_dims=_contiguous_bwd_dims(_CONV1D_DIMS))
 _CONV1D_BWD_DX_DIMS = ("batch", "seqlen", "dim", "width", "has_seq_idx", "has_dinitial_states", "has_dfinal",
                        "channel_last")
 CAUSAL_CONV1D_BWD_DX = KernelKey("causal_conv1d_bwd_dx", "conv1d", _CONV1D_BWD_DX_DIMS, CONV1D_SIZE_DIMS,

@@ -20,7 +20,6 @@ library runs that stencil alone). No model layer plans the two (`tune` still tak
 from __future__ import annotations
 
 import importlib.metadata
-import math
 from typing import Any
 
 import torch
@@ -28,17 +27,17 @@ import torch.nn.functional as F
 
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
+from mamba_tune import keys
 from mamba_tune.conv1d import bwd, bwd_slide, common, fwd, update
 
 
-def position_stride(dim: int, element_size: int, row_align: int) -> int:
-    """The least position stride (elements) >= dim at which positions start row_align bytes
-    apart modulo 128 (a power of two from the element size to 128): the layout `ConvInputs` gives
-    a row_align problem. ValueError for another row_align."""
-    if row_align not in (2 ** k for k in range(8)) or not element_size <= row_align <= 128:
-        raise ValueError(f"row_align {row_align}: not a power of two from the element size {element_size} to 128")
-    stride = dim
-    while math.gcd(stride * element_size, 128) != row_align:
+def position_stride(n: int, row_align: int) -> int:
+    """The least stride (elements) >= n whose `mamba_tune.keys.row_align` is row_align: the rows
+    `ConvInputs` lays out for that key dim. ValueError for a row_align that is not one."""
+    if row_align not in (2 ** k for k in range(keys.ROW_ALIGN_MAX.bit_length())):
+        raise ValueError(f"row_align {row_align}: not a power of two up to {keys.ROW_ALIGN_MAX}")
+    stride = n
+    while keys.row_align(stride) != row_align:
         stride += 1
     return stride
 
@@ -58,10 +57,11 @@ class ConvInputs:
                 return rand(shape[0], shape[2], shape[1]).transpose(1, 2)
             return rand(*shape)
 
-        # row_align (channel-last only): x's positions start that many bytes apart modulo 128,
-        # as in the layer's slice of in_proj's output (mamba_tune.keys.conv1d_row_align).
+        # row_align (the layer kernels' key dim): x's rows that far apart modulo
+        # keys.ROW_ALIGN_MAX elements, as the layer's slice of in_proj's output lies.
         self.row_align = dims.get("row_align")
         self.shape, self.dtype, self.device = (batch, dim, seqlen), dtype, device
+        self.channel_last = bool(dims.get("channel_last", 0))
 
         self.width = width
         self.silu = bool(dims.get("silu", 0))
@@ -82,12 +82,15 @@ class ConvInputs:
 
     def like_x(self) -> torch.Tensor:
         """An empty (batch, dim, seqlen) tensor in x's layout: with row_align, a slice of a wider
-        channel-last buffer whose positions sit row_align bytes apart modulo 128."""
+        buffer whose rows (positions channel-last, else channels) have that `row_align`."""
         if self.row_align is None:
             return common.like(self.x)
         batch, dim, seqlen = self.shape
-        stride = position_stride(dim, torch.empty((), dtype=self.dtype).element_size(), self.row_align)
-        return torch.empty(batch, seqlen, stride, dtype=self.dtype, device=self.device)[..., :dim].transpose(1, 2)
+        if self.channel_last:
+            buf = torch.empty(batch, seqlen, position_stride(dim, self.row_align), dtype=self.dtype, device=self.device)
+            return buf[..., :dim].transpose(1, 2)
+        buf = torch.empty(batch, dim, position_stride(seqlen, self.row_align), dtype=self.dtype, device=self.device)
+        return buf[..., :seqlen]
 
     def ref(self, upcast: bool) -> dict[str, torch.Tensor]:
         out, _final = causal_conv1d_ref(self.x, self.weight, self.bias, self.seq_idx, self.initial_states,

@@ -208,7 +208,7 @@ def slide_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def _dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _w, bias, _dout, seq_idx, initial_states, dfinal, _dx, dinit, width, silu = args
-    return {**common.conv_dims(x, bias, seq_idx, initial_states, width, silu),
+    return {**common.layer_dims(x, bias, seq_idx, initial_states, width, silu),
             "has_dinitial_states": int(dinit is not None), "has_dfinal": int(dfinal is not None)}
 
 

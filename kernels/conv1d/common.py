@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mamba_tune import vocab
+from mamba_tune import keys, vocab
 
 ACTIVATIONS = (None, "silu", "swish")
 WIDTHS = (2, 3, 4)
@@ -117,6 +117,21 @@ def conv_dims(x: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor 
     return {"batch": batch, "seqlen": seqlen, "dim": dim, "width": int(width), "has_bias": int(bias is not None),
             "has_seq_idx": int(seq_idx is not None), "has_initial_states": int(initial_states is not None),
             "silu": int(silu), "channel_last": channel_last(x)}
+
+
+def layer_dims(x: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
+               initial_states: torch.Tensor | None, width: int, silu: bool) -> dict[str, int]:
+    """The key dims of the kernels a layer runs (`conv_dims` and x's rows' alignment,
+    `mamba_tune.keys.row_align`): the forward and the channel-last backward."""
+    return {**conv_dims(x, bias, seq_idx, initial_states, width, silu), "row_align": row_align(x)}
+
+
+def row_align(x: torch.Tensor) -> int:
+    """x's `row_align`: the gcd of its row stride (positions channel-last, channels contiguous),
+    its batch stride (when it has more than one row of the batch) and keys.ROW_ALIGN_MAX."""
+    batch, _dim, _seqlen = x.shape
+    rows = x.stride(2) if channel_last(x) else x.stride(1)
+    return keys.row_align(rows, x.stride(0)) if batch > 1 else keys.row_align(rows)
 
 
 def channel_last(x: torch.Tensor) -> int:

@@ -33,7 +33,7 @@ import torch
 from mamba_tune import keys, runtime
 from mamba_tune.conv1d.common import (
     check_inputs,
-    conv_dims,
+    layer_dims,
     like,
     strided,
     tile_of,
@@ -116,7 +116,7 @@ def conv1d_forward(
 
 def _fwd_dims_from_args(args: Sequence[Any]) -> dict[str, int]:
     x, _weight, bias, seq_idx, initial_states, _out, width, silu = args
-    return conv_dims(x, bias, seq_idx, initial_states, width, silu)
+    return layer_dims(x, bias, seq_idx, initial_states, width, silu)
 
 
 def fwd_config(dims: dict[str, int], bd: int, bl: int, num_warps: int = 4) -> dict[str, Any]:
