@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -255,12 +256,29 @@ def lower_bundle(bundle: Bundle, progress: Callable[[int, int], None] | None = N
             problems.append((key, f"unknown kernel {entry.kernel!r}"))
             continue
         config, _notes = cpu_loweable(entry.config)
+        why = _lowered(tk, entry.dims, entry.dtype, config)
+        if why is not None:
+            problems.append((key, why))
+    return problems
+
+
+# (kernel, dims, dtype, config) -> None where it lowered, else its error: one SKU's bundle often
+# holds the same config at the same key as its sibling's (an H100 search warm-started from the
+# H200's entry keeps it), and lowering is deterministic, so a process lowers each one once.
+_LOWERED: dict[str, str | None] = {}
+
+
+def _lowered(tk: TunableKernel, dims: dict[str, int], dtype: str, config: dict[str, Any]) -> str | None:
+    """None where `config` lowers at `dims`, else the error's first line (memoized in the process)."""
+    memo = json.dumps([tk.name, dims, dtype, config], sort_keys=True)
+    if memo not in _LOWERED:
         try:
-            lower(tk, entry.dims, entry.dtype, config)
+            lower(tk, dims, dtype, config)
+            _LOWERED[memo] = None
         except Exception as e:  # any compiler error is a finding, reported per entry
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            problems.append((key, f"{type(e).__name__}: {first}"))
-    return problems
+            _LOWERED[memo] = f"{type(e).__name__}: {first}"
+    return _LOWERED[memo]
 
 
 def compile_bundle(bundle: Bundle, progress: Callable[[int, int], None] | None = None
