@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -334,14 +333,18 @@ CONV1D_SIZE_DIMS = ("batch", "seqlen", "dim")
 # positions are d_in_proj elements apart, not dim: at Zamba2-2.7B 10448 elements (16 off a
 # multiple of 64; 20896 B, 32 B off a 128 B line). A config tuned on dense rows ran 0.96x (forward)
 # and 0.93x (backward) of causal-conv1d there on an H100; tuned on the layer's rows, 1.02x both.
-# So the layer kernels key on `row_align`: the alignment, in elements up to ROW_ALIGN_MAX, of x's
-# rows (its position stride channel-last, its channel stride contiguous, and its batch stride).
-ROW_ALIGN_MAX = 64
+# Rows as aligned as the layer's but about as wide as the conv's input were not enough: on an
+# H100 entries tuned so ran 0.94x (Zamba2 batch 4 x 2048 forward), 0.93x (Mamba2-2.7B backward)
+# and 0.96x / 0.97x (Nano batch 8 x 2048) of causal-conv1d in the step, where their searches had
+# measured 0.99-1.06x (docs/status.md). So the layer kernels key on `row_stride`: the elements
+# between x's consecutive rows (positions channel-last, channels contiguous), which the tuning
+# problem lays out as it is: in the layer, in_proj's width.
 
 
-def row_align(*strides: int) -> int:
-    """The `row_align` key dim of a tensor with these strides (elements): their gcd with ROW_ALIGN_MAX."""
-    return math.gcd(ROW_ALIGN_MAX, *strides)
+def row_stride(*, channel_last: bool, strides: tuple[int, ...]) -> int:
+    """The `row_stride` key dim of a (batch, dim, seqlen) tensor with these strides (elements):
+    its position stride channel-last, its channel stride otherwise."""
+    return strides[2] if channel_last else strides[1]
 
 
 def in_proj_width(shape: ModelShape) -> int:
@@ -354,10 +357,10 @@ def conv1d_fwd_dims(shape: ModelShape) -> dict[str, int]:
     """The conv the Mamba-2 mixer runs (mamba_ssm.modules.mamba2, fused or not): over xBC,
     dim = nheads * headdim + 2 * ngroups * dstate (per TP rank), width d_conv, with bias and
     SiLU, channel-last (xBC (batch, seqlen, dim) rearranged, a slice of in_proj's output: its
-    rows' `row_align`), seq_idx for packed sequences, no initial or final states."""
+    rows `in_proj_width` apart), seq_idx for packed sequences, no initial or final states."""
     return {"batch": shape.batch, "seqlen": shape.seqlen, "dim": shape.nheads * shape.headdim
             + 2 * shape.ngroups * shape.dstate, "width": D_CONV, "has_bias": 1, "has_seq_idx": int(shape.packed),
-            "has_initial_states": 0, "silu": 1, "channel_last": 1, "row_align": row_align(in_proj_width(shape))}
+            "has_initial_states": 0, "silu": 1, "channel_last": 1, "row_stride": in_proj_width(shape)}
 
 
 def _conv1d_bwd_dims(dims: tuple[str, ...]) -> DimsFor:
@@ -375,19 +378,19 @@ def conv1d_update_dims(shape: ModelShape) -> dict[str, int]:
 
 _CONV1D_DIMS = ("batch", "seqlen", "dim", "width", "has_bias", "has_seq_idx", "has_initial_states", "silu",
                 "channel_last")
-# The kernels a layer runs key on its rows' alignment too; any value leaves the config space as it
+# The kernels a layer runs key on its rows' stride too; any value leaves the config space as it
 # is, so a config tuned at one serves the others (nearest) until they are tuned.
-_CONV1D_FWD_DIMS = (*_CONV1D_DIMS, "row_align")
+_CONV1D_FWD_DIMS = (*_CONV1D_DIMS, "row_stride")
 
 CAUSAL_CONV1D_FWD = KernelKey("causal_conv1d_fwd", "conv1d", _CONV1D_FWD_DIMS, CONV1D_SIZE_DIMS, conv1d_fwd_dims,
-                              "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel", neutral_dims=("row_align",))
+                              "mamba_tune.conv1d.fwd:causal_conv1d_fwd_kernel", neutral_dims=("row_stride",))
 # The backward of channel-last calls (the Mamba-2 layer's xBC): one kernel stepping rows
 # (bwd_slide.py). Its dims are the forward's plus which state gradients flow.
 _CONV1D_BWD_SLIDE_DIMS = (*_CONV1D_FWD_DIMS, "has_dinitial_states", "has_dfinal")
 CAUSAL_CONV1D_BWD_SLIDE = KernelKey("causal_conv1d_bwd_slide", "conv1d", _CONV1D_BWD_SLIDE_DIMS, CONV1D_SIZE_DIMS,
                                     _conv1d_bwd_dims(_CONV1D_BWD_SLIDE_DIMS),
                                     "mamba_tune.conv1d.bwd_slide:causal_conv1d_bwd_slide_kernel",
-                                    neutral_dims=("row_align",))
+                                    neutral_dims=("row_stride",))
 
 
 def _not_at_layers(shape: ModelShape) -> None:

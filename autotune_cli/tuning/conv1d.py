@@ -27,19 +27,7 @@ import torch.nn.functional as F
 
 from autotune_cli.reference import causal_conv1d_ref, causal_conv1d_update_ref
 from autotune_cli.tuning.record import Baseline, Problem, TunableKernel
-from mamba_tune import keys
 from mamba_tune.conv1d import bwd, bwd_slide, common, fwd, update
-
-
-def position_stride(n: int, row_align: int) -> int:
-    """The least stride (elements) >= n whose `mamba_tune.keys.row_align` is row_align: the rows
-    `ConvInputs` lays out for that key dim. ValueError for a row_align that is not one."""
-    if row_align not in (2 ** k for k in range(keys.ROW_ALIGN_MAX.bit_length())):
-        raise ValueError(f"row_align {row_align}: not a power of two up to {keys.ROW_ALIGN_MAX}")
-    stride = n
-    while keys.row_align(stride) != row_align:
-        stride += 1
-    return stride
 
 
 class ConvInputs:
@@ -57,15 +45,19 @@ class ConvInputs:
                 return rand(shape[0], shape[2], shape[1]).transpose(1, 2)
             return rand(*shape)
 
-        # row_align (the layer kernels' key dim): x's rows that far apart modulo
-        # keys.ROW_ALIGN_MAX elements, as the layer's slice of in_proj's output lies.
-        self.row_align = dims.get("row_align")
+        # row_stride (the layer kernels' key dim): x's rows that many elements apart, as the
+        # layer's slice of in_proj's output lies (keys.row_stride).
+        self.row_stride = dims.get("row_stride")
+        rows = seqlen if dims.get("channel_last", 0) == 0 else dim
+        if self.row_stride is not None and self.row_stride < rows:
+            raise ValueError(f"row_stride {self.row_stride} < the {rows} elements of a row "
+                             f"({'seqlen' if dims.get('channel_last', 0) == 0 else 'dim'})")
         self.shape, self.dtype, self.device = (batch, dim, seqlen), dtype, device
         self.channel_last = bool(dims.get("channel_last", 0))
 
         self.width = width
         self.silu = bool(dims.get("silu", 0))
-        self.x = seq(batch, dim, seqlen) if self.row_align is None else self.like_x().copy_(seq(batch, dim, seqlen))
+        self.x = seq(batch, dim, seqlen) if self.row_stride is None else self.like_x().copy_(seq(batch, dim, seqlen))
         # Mamba-2's conv init: uniform with bound 1/sqrt(width); here Gaussian of that scale.
         self.weight = rand(dim, width, scale=width ** -0.5)
         self.bias = rand(dim, scale=0.1) if dims.get("has_bias", 0) else None
@@ -81,15 +73,15 @@ class ConvInputs:
         self.want_dinit = bool(dims.get("has_dinitial_states", 0)) and self.initial_states is not None
 
     def like_x(self) -> torch.Tensor:
-        """An empty (batch, dim, seqlen) tensor in x's layout: with row_align, a slice of a wider
-        buffer whose rows (positions channel-last, else channels) have that `row_align`."""
-        if self.row_align is None:
+        """An empty (batch, dim, seqlen) tensor in x's layout: with row_stride, a slice of a wider
+        buffer whose rows (positions channel-last, else channels) are that many elements apart."""
+        if self.row_stride is None:
             return common.like(self.x)
         batch, dim, seqlen = self.shape
         if self.channel_last:
-            buf = torch.empty(batch, seqlen, position_stride(dim, self.row_align), dtype=self.dtype, device=self.device)
+            buf = torch.empty(batch, seqlen, self.row_stride, dtype=self.dtype, device=self.device)
             return buf[..., :dim].transpose(1, 2)
-        buf = torch.empty(batch, dim, position_stride(seqlen, self.row_align), dtype=self.dtype, device=self.device)
+        buf = torch.empty(batch, dim, self.row_stride, dtype=self.dtype, device=self.device)
         return buf[..., :seqlen]
 
     def ref(self, upcast: bool) -> dict[str, torch.Tensor]:

@@ -121,17 +121,10 @@ def conv_dims(x: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor 
 
 def layer_dims(x: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
                initial_states: torch.Tensor | None, width: int, silu: bool) -> dict[str, int]:
-    """The key dims of the kernels a layer runs (`conv_dims` and x's rows' alignment,
-    `mamba_tune.keys.row_align`): the forward and the channel-last backward."""
-    return {**conv_dims(x, bias, seq_idx, initial_states, width, silu), "row_align": row_align(x)}
-
-
-def row_align(x: torch.Tensor) -> int:
-    """x's `row_align`: the gcd of its row stride (positions channel-last, channels contiguous),
-    its batch stride (when it has more than one row of the batch) and keys.ROW_ALIGN_MAX."""
-    batch, _dim, _seqlen = x.shape
-    rows = x.stride(2) if channel_last(x) else x.stride(1)
-    return keys.row_align(rows, x.stride(0)) if batch > 1 else keys.row_align(rows)
+    """The key dims of the kernels a layer runs (`conv_dims` and x's rows' stride,
+    `mamba_tune.keys.row_stride`): the forward and the channel-last backward."""
+    return {**conv_dims(x, bias, seq_idx, initial_states, width, silu),
+            "row_stride": keys.row_stride(channel_last=bool(channel_last(x)), strides=tuple(x.stride()))}
 
 
 def channel_last(x: torch.Tensor) -> int:

@@ -3,8 +3,6 @@ and a broken output fails it (the check compares what the record says it compare
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -87,38 +85,30 @@ def test_a_failing_baseline_costs_its_figure_not_the_entry(monkeypatch, capfd) -
 
 
 @pytest.mark.parametrize("name", ["causal_conv1d_fwd", "causal_conv1d_bwd_slide"])
-def test_row_align_lays_the_inputs_out_as_the_layers_slice(name: str) -> None:
-    """The layer kernels' dims carry the layer's row alignment (in_proj's output is 2 * 16 + 2 * 8 + 2
-    = 50 elements a position here: row_align 2); the problem lays x (and the backward's dx, which
-    the layer writes into its slice of the input gradient) out so, with the values of the dense
-    problem (row_align 32: dim 32), and the runtime reads the same dims back from the arguments."""
+def test_row_stride_lays_the_inputs_out_as_the_layers_slice(name: str) -> None:
+    """The layer kernels' dims carry the layer's row stride (in_proj's output is 2 * 16 + 2 * 8 + 2
+    = 50 elements a position here); the problem lays x (and the backward's dx, which the layer
+    writes into its slice of the input gradient) out so, with the values of the dense problem
+    (row_stride 32: dim 32), and the runtime reads the same dims back from the arguments."""
     from mamba_tune import keys
 
     tk = get(name)
     dims = tk.dims_for(SHAPE)
-    assert dims["row_align"] == keys.row_align(keys.in_proj_width(SHAPE)) == 2
+    assert dims["row_stride"] == keys.in_proj_width(SHAPE) == 50
     sliced = tk.make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)
-    dense = tk.make_problem({**dims, "row_align": 32}, torch.bfloat16, torch.device("cpu"), 0)
+    dense = tk.make_problem({**dims, "row_stride": 32}, torch.bfloat16, torch.device("cpu"), 0)
     x_dense, x = dense.args[0], sliced.args[0]
     assert torch.equal(x, x_dense) and x.stride(1) == 1 and x_dense.stride(2) == 32
-    assert math.gcd(x.stride(2), x.stride(0), 64) == 2
-    assert tk.dims_from_args(sliced.args) == dims and tk.dims_from_args(dense.args) == {**dims, "row_align": 32}
+    assert x.stride(2) == 50 and x.stride(0) == 50 * dims["seqlen"]
+    assert tk.dims_from_args(sliced.args) == dims and tk.dims_from_args(dense.args) == {**dims, "row_stride": 32}
     if name == "causal_conv1d_bwd_slide":
         assert sliced.args[7].stride() == x.stride()
     result = sliced.run(tk.kernel)
     assert check_accuracy(sliced, result, DEFAULT_TOLERANCES["bf16"]).passed
 
 
-@pytest.mark.parametrize(("n", "align", "stride"), [(5248, 16, 5264), (5248, 64, 5248), (40, 2, 42), (7, 1, 7)])
-def test_position_stride_is_the_least_with_that_alignment(n: int, align: int, stride: int) -> None:
-    from autotune_cli.tuning.conv1d import position_stride
-
-    assert position_stride(n, align) == stride
-
-
-@pytest.mark.parametrize("align", [0, 3, 48, 128])
-def test_position_stride_refuses_an_alignment_that_is_not_one(align: int) -> None:
-    from autotune_cli.tuning.conv1d import position_stride
-
-    with pytest.raises(ValueError, match=f"row_align {align}: not a power of two up to 64"):
-        position_stride(64, align)
+@pytest.mark.parametrize("name", ["causal_conv1d_fwd", "causal_conv1d_bwd_slide"])
+def test_a_row_stride_narrower_than_a_row_is_refused(name: str) -> None:
+    dims = {**get(name).dims_for(SHAPE), "row_stride": 31}
+    with pytest.raises(ValueError, match="row_stride 31 < the 32 elements of a row"):
+        get(name).make_problem(dims, torch.bfloat16, torch.device("cpu"), 0)

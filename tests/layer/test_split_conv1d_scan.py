@@ -361,7 +361,7 @@ def test_kept_ssd_output_and_intermediates_give_the_recomputed_gradients_bitwise
 
 def test_the_conv1d_keys_the_layer_calls_are_the_ones_a_spec_plans(tmp_path):
     """The layer's conv reads xBC as a slice of zxbcdt (2 * 32 + 2 * 2 * 16 + 4 = 132 elements a
-    position: row_align 4), forward and backward: the recorded keys equal the planned dims
+    position: row_stride 132), forward and backward: the recorded keys equal the planned dims
     (mamba_tune.keys.conv1d_fwd_dims), so a tuned entry serves the call exactly."""
     from autotune_cli.tuning import get
     from mamba_tune.keys import ModelShape
@@ -377,4 +377,4 @@ def test_the_conv1d_keys_the_layer_calls_are_the_ones_a_spec_plans(tmp_path):
     shape = ModelShape(batch=2, seqlen=40, nheads=4, headdim=8, ngroups=2, dstate=16, chunk_size=16)
     for name in ("causal_conv1d_fwd", "causal_conv1d_bwd_slide"):
         assert calls[name]["dims"] == get(name).dims_for(shape), name
-        assert calls[name]["dims"]["row_align"] == 4
+        assert calls[name]["dims"]["row_stride"] == 132
