@@ -48,12 +48,11 @@ class ConvInputs:
         # row_stride (the layer kernels' key dim): x's rows that many elements apart, as the
         # layer's slice of in_proj's output lies (keys.row_stride).
         self.row_stride = dims.get("row_stride")
-        rows = seqlen if dims.get("channel_last", 0) == 0 else dim
-        if self.row_stride is not None and self.row_stride < rows:
-            raise ValueError(f"row_stride {self.row_stride} < the {rows} elements of a row "
-                             f"({'seqlen' if dims.get('channel_last', 0) == 0 else 'dim'})")
         self.shape, self.dtype, self.device = (batch, dim, seqlen), dtype, device
         self.channel_last = bool(dims.get("channel_last", 0))
+        row, row_name = (dim, "dim") if self.channel_last else (seqlen, "seqlen")
+        if self.row_stride is not None and self.row_stride < row:
+            raise ValueError(f"row_stride {self.row_stride} < the {row} elements of a row ({row_name})")
 
         self.width = width
         self.silu = bool(dims.get("silu", 0))
