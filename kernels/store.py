@@ -109,13 +109,24 @@ class _KernelIndex:
     exact: dict[str, tuple[Entry, Path]]
 
 
+def shipped_bundle_root() -> Path:
+    """The bundles installed with mamba_tune: the folder generated_configs/ beside the
+    package's own (the wheel installs both at the top level; the repository, which an
+    editable install and the device's PYTHONPATH use, holds kernels/ and generated_configs/
+    side by side). Found from this file, not by importing the name `generated_configs`: a
+    folder of that name in the working directory (a sweep's output) would shadow it."""
+    root = Path(__file__).resolve().parent.parent / "generated_configs"
+    if not (root / "__init__.py").is_file():
+        raise FileNotFoundError(f"mamba_tune: no shipped bundles at {root} (a broken install?): reinstall "
+                                f"mamba-tune, or name the bundles to read in {ENV_CONFIGS}")
+    return root
+
+
 def default_bundle_paths() -> list[Path]:
     forced = env.read(ENV_CONFIGS)
     if forced is not None:
         return forced
-    import generated_configs
-
-    return [Path(generated_configs.__file__).parent]
+    return [shipped_bundle_root()]
 
 
 class ConfigStore:

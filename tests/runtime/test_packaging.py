@@ -43,13 +43,21 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    code = ("import mamba_tune, mamba_tune.keys as k; print(mamba_tune.__file__); "
-            "print(len({n: key.source_sha256() for n, key in k.all_keys().items()}))")
+    # The working directory holds a package named generated_configs (a user's copy of the
+    # repository's folder): the runtime still reads the installed bundles.
+    stray = tmp_path / "generated_configs"
+    (stray / "h100").mkdir(parents=True)
+    (stray / "__init__.py").write_text("")
+    code = ("import mamba_tune, mamba_tune.keys as k, mamba_tune.store as s; print(mamba_tune.__file__); "
+            "print(len({n: key.source_sha256() for n, key in k.all_keys().items()})); "
+            "print(*s.default_bundle_paths())")
+    env = {n: v for n, v in os.environ.items() if n != "MAMBA_TUNE_CONFIGS"}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(site)})
+                       env={**env, "PYTHONPATH": str(site)})
     assert r.returncode == 0, r.stderr[-3000:]
-    where, count = r.stdout.split()
+    where, count, bundles = r.stdout.split()
     assert Path(where).is_relative_to(site) and int(count) >= 10
+    assert Path(bundles) == site / "generated_configs" and find_bundles([Path(bundles)])
 
 
 def _pyproject() -> dict:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from bundles import B200, H200, bundle, entry, norm_dims, running_on
 
 from autotune_cli.tuning import all_kernels
-from mamba_tune import runtime
+from mamba_tune import runtime, store
 from mamba_tune.bundle import write_bundle
 from mamba_tune.norm.gated import GATED_NORM_BWD, GATED_NORM_FWD
 
@@ -172,6 +174,24 @@ def test_committed_bundles_load_for_their_gpu():
         for e in b.entries.values():
             tk = all_kernels()[e.kernel]
             assert store.resolve(tk, e.dims, e.dtype, runtime.Mode.exact).config == e.config
+
+
+@pytest.mark.parametrize("package", [False, True], ids=["folder", "package"])
+def test_shipped_bundles_found_from_a_folder_holding_generated_configs(tmp_path, package):
+    """Run from where `mamba-tune sweep` wrote its bundles (./generated_configs/, a package
+    only if copied from the repository): the runtime reads the installed bundles, which a
+    plain `import generated_configs` would miss (the editable install's finder comes after
+    the working directory)."""
+    stray = tmp_path / "generated_configs"
+    write_bundle(bundle(entry(config=CFG_EXACT)), stray / "h200" / "mine.json")
+    if package:
+        (stray / "__init__.py").write_text("")
+    env = {n: v for n, v in os.environ.items() if n not in ("PYTHONPATH", runtime.ENV_CONFIGS)}
+    code = "from mamba_tune import runtime; print(*runtime.default_bundle_paths())"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(store.shipped_bundle_root())]
+    assert store.shipped_bundle_root() == Path(store.__file__).resolve().parents[1] / "generated_configs"
 
 
 def test_every_runtime_kernel_refuses_to_autotune():
