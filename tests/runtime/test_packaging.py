@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mamba_tune.bundle import find_bundles
-from mamba_tune.runtime import default_bundle_paths
+from mamba_tune.runtime import ENV_CONFIGS, default_bundle_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_wheel_contains_bundles_and_packages(tmp_path):
     code = ("import mamba_tune, mamba_tune.keys as k, mamba_tune.store as s; print(mamba_tune.__file__); "
             "print(len({n: key.source_sha256() for n, key in k.all_keys().items()})); "
             "print(*s.default_bundle_paths())")
-    env = {n: v for n, v in os.environ.items() if n != "MAMBA_TUNE_CONFIGS"}
+    env = {n: v for n, v in os.environ.items() if n != ENV_CONFIGS}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**env, "PYTHONPATH": str(site)})
     assert r.returncode == 0, r.stderr[-3000:]
