@@ -157,8 +157,11 @@ def test_the_sweeps_baselines_call_the_functions_the_layer_calls(kernel: str) ->
 
     if causal_conv1d_package() is None:
         pytest.skip("causal-conv1d is not installed")
-    dims = get(kernel).dims_for(ModelShape(batch=2, seqlen=1000, nheads=4, headdim=32, ngroups=1, dstate=16,
+    # The layer's rows 296 elements apart (in_proj's width): causal-conv1d takes channel-last rows
+    # only at multiples of 8 elements, as every preset's in_proj width is (4 heads x 32 gave 292).
+    dims = get(kernel).dims_for(ModelShape(batch=2, seqlen=1000, nheads=8, headdim=16, ngroups=1, dstate=16,
                                            chunk_size=64))
+    assert dims["row_stride"] == 296
     dev = torch.device("cuda")
     fwd = kernel == "causal_conv1d_fwd"
     base = (_baseline_fwd if fwd else _baseline_bwd)(dims, torch.bfloat16, dev, 0)
