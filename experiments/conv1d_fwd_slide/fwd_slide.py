@@ -31,7 +31,7 @@ import helion.language as hl
 import torch
 
 from mamba_tune import keys, runtime
-from mamba_tune.conv1d import common
+from mamba_tune.conv1d import bwd_slide, common
 
 
 @helion.kernel(static_shapes=True, autotuner_fn=runtime.refuse_autotune)
@@ -127,24 +127,14 @@ def conv1d_forward_slide(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return FWD_SLIDE.kernel.bind(args).compile_config(helion.Config(**config), allow_print=False)(*args)
 
 
-def slide_config(dims: dict[str, int], bd: int, chunk: int, num_warps: int = 4, stages: int = 3,
-                 unroll: int = 0) -> dict[str, Any]:
-    """A config: `chunk` positions per program, `bd` channels a row, the step loop pipelined
-    `stages` deep and unrolled `unroll` times (0: the compiler's choice)."""
-    return {"block_sizes": [common.pow2_at_most(dims["seqlen"], chunk), common.pow2_at_most(dims["dim"], bd)],
-            "num_warps": num_warps, "num_stages": 1, "range_num_stages": [0, stages],
-            "range_unroll_factors": [0, unroll]}
-
-
-def default_config(dims: dict[str, int]) -> dict[str, Any]:
-    # The backward slide kernel's default (256 channels, 128 positions, the step loop 4 deep).
-    return slide_config(dims, 256, 128, 4, 4)
-
-
-# The grid the timing script tries: (channels, positions, warps, stages, unroll), the backward's
-# seeds and neighbours (fewer warps: a row of 256 bf16 channels is 512 B, 4 B a lane at 4 warps).
-GRID = ((256, 128, 4, 4, 0), (256, 256, 4, 3, 0), (512, 256, 4, 3, 0), (256, 512, 4, 4, 0), (128, 256, 2, 3, 0),
-        (256, 256, 2, 3, 0), (256, 256, 4, 2, 2), (512, 128, 4, 4, 0), (128, 512, 1, 4, 0), (256, 1024, 4, 4, 0))
+# Its configs are the backward slide kernel's (the same two registered block sizes, positions per
+# program then channels a row, and the same step loop): `bwd_slide.slide_config`, its default and
+# seeds. The timing script's grid adds fewer warps and wider or longer rows (a forward row holds
+# less live state than the backward's). (channels, positions, warps, stages, unroll)
+slide_config = bwd_slide.slide_config
+default_config = bwd_slide.default_config
+GRID = ((256, 128, 4, 4, 0), *bwd_slide.SEEDS, (256, 256, 2, 3, 0), (512, 128, 4, 4, 0), (128, 512, 1, 4, 0),
+        (256, 1024, 4, 4, 0))
 
 
 # The runtime's key dims under another name: not planned at any layer shape (dims_for None), so no

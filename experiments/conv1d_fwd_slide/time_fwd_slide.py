@@ -37,15 +37,15 @@ def _shape(label: str, d, tp: int, batch: int, seqlen: int) -> None:
     from autotune_cli.timing import gpu_median_ms
     from mamba_tune import runtime
     from mamba_tune.conv1d import common, conv1d_forward, fwd
-    from mamba_tune.keys import in_proj_width
+    from mamba_tune.keys import conv1d_fwd_dims
 
     try:
         from causal_conv1d.cpp_functions import causal_conv1d_fwd_function
     except ImportError:
         causal_conv1d_fwd_function = None
     shape = model_shape(d, tp, batch, seqlen)
-    dim = shape.nheads * shape.headdim + 2 * shape.ngroups * shape.dstate
-    stride = in_proj_width(shape)
+    conv = conv1d_fwd_dims(shape)  # the layer's conv: its width and its rows' stride
+    dim, stride = conv["dim"], conv["row_stride"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     buf = torch.randn(batch, seqlen, stride, generator=gen, device="cuda").to(torch.bfloat16)
     x = buf[..., :dim].transpose(1, 2)  # the xBC slice of in_proj's output, channel-last

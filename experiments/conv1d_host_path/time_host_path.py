@@ -32,12 +32,13 @@ def _shape(label: str, d, tp: int, batch: int, seqlen: int) -> None:
 
     from autotune_cli.benchmarks.common import graph_ms, wall_ms
     from autotune_cli.timing import gpu_median_ms
-    from mamba_tune.keys import in_proj_width
+    from mamba_tune.keys import conv1d_fwd_dims
 
     shape = model_shape(d, tp, batch, seqlen)
-    dim = shape.nheads * shape.headdim + 2 * shape.ngroups * shape.dstate
-    t = layer_inputs(batch, seqlen, dim, in_proj_width(shape), "cuda")
-    print(f"{label} batch {batch} x {seqlen} (dim {dim}, rows {in_proj_width(shape)} apart), ms a call:")
+    conv = conv1d_fwd_dims(shape)  # the layer's conv: its width and its rows' stride
+    dim, stride = conv["dim"], conv["row_stride"]
+    t = layer_inputs(batch, seqlen, dim, stride, "cuda")
+    print(f"{label} batch {batch} x {seqlen} (dim {dim}, rows {stride} apart), ms a call:")
     print(f"  {'':22s} {'do_bench':>9s} {'wall':>9s} {'graph':>9s}")
     for name, fn in calls(t).items():
         row = {"do_bench": gpu_median_ms(fn, 100), "wall": wall_ms(fn, 200), "graph": graph_ms(fn, 20, 20)}
