@@ -52,8 +52,7 @@ def test_a_preset_that_raises_does_not_stop_the_others(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("script", ["ssd_bwd_paths/dbdc_paths.py", "ssd_bwd_paths/dbdc_head_splits.py",
-                                    "ssd_bwd_paths/state_passing_bwd_paths.py", "conv1d_fwd_slide/time_fwd_slide.py",
-                                    "conv1d_host_path/time_host_path.py"])
+                                    "ssd_bwd_paths/state_passing_bwd_paths.py"])
 def test_scripts_without_a_gpu_say_so(script):
     import subprocess
     import sys
