@@ -145,7 +145,9 @@ def test_killed_task_is_recorded_and_retried(slurm, tmp_path):
             return bool(running)
 
         wait_for("a running task", one_running, proc=proc)
-        subprocess.run(["scancel", "--signal=KILL", running[0]], env=slurm.env, check=True)
+        # The whole task, batch script and steps (`--signal` alone reaches only job steps, and the
+        # task's step may not have started yet: then nothing would die).
+        subprocess.run(["scancel", running[0]], env=slurm.env, check=True)
         stdout, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
