@@ -14,7 +14,10 @@ from autotune_cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 NANO = str(ROOT / "sweeps" / "nemotron-nano.yaml")
-H100_KERNELS = {"gated_norm_bwd", "ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx"}
+# What only the H100 part of Nano holds: the three kernels the fused backward changed and the
+# conv1d's layer kernels at the layer's rows.
+H100_KERNELS = {"gated_norm_bwd", "ssd_chunk_cumsum_bwd", "ssd_chunk_scan_chunk_state_bwd_dx", "causal_conv1d_fwd",
+                "causal_conv1d_bwd_slide"}
 
 
 def _plan(*args: str) -> dict:
@@ -26,11 +29,11 @@ def _plan(*args: str) -> dict:
 def test_plan_shipped_gpu_h100_lists_the_h100_part():
     h100, h200 = _plan("--shipped", "--gpu", "h100"), _plan("--shipped")
     assert h100["target"]["gpu"] == "h100" and h200["target"]["gpu"] == "h200"
-    # TP1 and TP2 at seqlen 8192, with and without seq_idx: the H200's part and the three kernels
-    # only the H100 has entries for.
+    # TP1 and TP2 at seqlen 8192, with and without seq_idx: the H200's part and the kernels only
+    # the H100 has entries for (the conv1d's two, each with and without seq_idx: 8 combos more).
     assert {c["kernel"] for c in h100["combos"]} == H100_KERNELS | {c["kernel"] for c in h200["combos"]}
     assert {c["key"] for c in h200["combos"]} < {c["key"] for c in h100["combos"]}
-    assert sum(c["kernel"] in H100_KERNELS for c in h100["combos"]) == 8
+    assert sum(c["kernel"] in H100_KERNELS for c in h100["combos"]) == 16
     assert {o.split(" seqlen")[0] for c in h100["combos"] for o in c["origins"]} == {
         "nemotron-3-nano-30b tp=1 batch=2", "nemotron-3-nano-30b tp=2 batch=2"}
     assert not H100_KERNELS & {c["kernel"] for c in h200["combos"]}

@@ -58,8 +58,8 @@ def test_shipped_specs_are_valid():
         for sku in spec.shipped_skus:
             shipped = load_spec(p, shipped=True, gpu=sku)
             assert (shipped.name, shipped.target.gpu) == (p.stem, sku)
-            part = {c.key for c in plan(shipped)}
-            assert part and part < full, (p.stem, sku)
+            part = {c.key for c in plan(shipped)}  # all of it once a SKU has tuned every combo
+            assert part and part <= full, (p.stem, sku)
         assert load_spec(p, shipped=True) == load_spec(p, shipped=True, gpu=spec.target.gpu)
 
 
