@@ -10,8 +10,12 @@ measured in the same process (`common.gemm_tflops`), whichever is longer. "% of 
 The stages are the layer benchmark's rows (`benchmarks/layer.py`), timed alone with do_bench (L2
 flushed, so a stage alone can take longer than in the step, where its input may still be in L2):
 `ACCOUNT` maps each account row to the layer row that times it. The GEMMs are the same torch calls
-on both sides, timed once. The summary rows:
-- "stages": the sum of the stage rows;
+on both sides, timed once. Each stage is also timed replayed from a CUDA graph (do_bench of one
+captured call: "ours graph" and "mamba-ssm graph", their ratio "graph ratio"): its GPU time
+alone. do_bench counts the host time of a stage's launches where the GPU waits for them (many
+small kernels, a slow host), so where the two differ the stage is host-bound there; the graph
+columns are what to compare kernels by. The summary rows:
+- "stages": the sum of the stage rows (its graph columns: of the stages' graph times);
 - "rest": the step minus that sum: the kernels no stage row names (copies, casts, the small
   parameter-gradient reductions), launch gaps and host time that the GPU waits for;
 - "step": the whole forward + backward (do_bench median);
@@ -162,6 +166,7 @@ MODULE_STEP = ("module_train_step_mem_eff", "module_train_step_wall_mem_eff", "m
 STAGE_ROWS = tuple(dict.fromkeys(st.row for st in ACCOUNT))
 
 Times = Mapping[str, tuple[float | None, float | None]]  # row -> (ours ms, mamba-ssm ms)
+NO_TIMES: Times = {}
 
 
 def _sub(a: float | None, b: float | None) -> float | None:
@@ -172,16 +177,23 @@ def _sum(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
+def _ratio(ours: float | None, base: float | None) -> float | None:
+    return None if not ours or base is None else base / ours
+
+
 def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float, gemm_tflops: float,
-                 step: tuple[str, str, str] = LAYER_STEP) -> list[dict[str, Any]]:
-    """The account's rows from the timed rows (`times`; a missing row or side is None): each
-    stage of `ACCOUNT`, then the summary rows (module docstring). `step` names the rows that
-    time the whole step: do_bench, wall, CUDA graph. A GEMM row takes ours' time on both sides."""
+                 step: tuple[str, str, str] = LAYER_STEP, graphs: Times = NO_TIMES) -> list[dict[str, Any]]:
+    """The account's rows from the timed rows (`times`, do_bench; `graphs`, the stage rows
+    replayed from CUDA graphs; a missing row or side is None): each stage of `ACCOUNT`, then the
+    summary rows (module docstring). `step` names the rows that time the whole step: do_bench,
+    wall, CUDA graph. A GEMM row takes ours' time on both sides."""
     rows: list[dict[str, Any]] = []
 
-    def add(name: str, ours: float | None, base: float | None, work: Work | None, **extra: Any) -> None:
-        row: dict[str, Any] = {"stage": name, "ours_ms": ours, "baseline_ms": base,
-                               "ratio": None if not ours or base is None else base / ours,
+    def add(name: str, ours: float | None, base: float | None, work: Work | None,
+            graph: tuple[float | None, float | None] = (None, None), **extra: Any) -> None:
+        row: dict[str, Any] = {"stage": name, "ours_ms": ours, "baseline_ms": base, "ratio": _ratio(ours, base),
+                               "ours_graph_ms": graph[0], "baseline_graph_ms": graph[1],
+                               "graph_ratio": _ratio(*graph),
                                "bound_ms": None, "bound_by": None, "pct_of_bound": None, **extra}
         if work is not None:
             row["bytes"], row["flops"] = work.nbytes, work.flops
@@ -189,14 +201,15 @@ def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float,
             row["pct_of_bound"] = None if not ours else 100 * row["bound_ms"] / ours
         rows.append(row)
 
-    works: list[tuple[Stage, Work, float | None, float | None]] = []
+    works: list[tuple[Stage, Work, float | None, float | None, float | None, float | None]] = []
     for st in ACCOUNT:
         ours, base = times.get(st.row, (None, None))
+        ours_g, base_g = graphs.get(st.row, (None, None))
         if st.gemm:
-            base = ours
+            base, base_g = ours, ours_g
         work = st.work(s, elem_bytes)
-        works.append((st, work, ours, base))
-        add(st.name, ours, base, work, gemm=st.gemm)
+        works.append((st, work, ours, base, ours_g, base_g))
+        add(st.name, ours, base, work, (ours_g, base_g), gemm=st.gemm)
 
     def total(pick: Callable[[Stage], bool]) -> tuple[float | None, float | None, Work]:
         chosen = [w for w in works if pick(w[0])]
@@ -204,12 +217,13 @@ def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float,
                 Work(sum(w[1].nbytes for w in chosen), sum(w[1].flops for w in chosen)))
 
     all_o, all_b, all_w = total(lambda st: True)
+    all_og, all_bg = _sum([w[4] for w in works]), _sum([w[5] for w in works])
     gemm_o, gemm_b, gemm_w = total(lambda st: st.gemm)
     _, _, rest_w = total(lambda st: not st.gemm)
     step_o, step_b = times.get(step[0], (None, None))
     wall_o, wall_b = times.get(step[1], (None, None))
     graph_o, graph_b = times.get(step[2], (None, None))
-    add("stages", all_o, all_b, all_w)
+    add("stages", all_o, all_b, all_w, (all_og, all_bg))
     add("rest", _sub(step_o, all_o), _sub(step_b, all_b), None)
     add("step", step_o, step_b, all_w)
     add("gemm", gemm_o, gemm_b, gemm_w)
@@ -220,17 +234,21 @@ def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float,
     return rows
 
 
-def times_of(rows: list[dict[str, Any]], model: str) -> dict[str, tuple[float | None, float | None]]:
-    """The (ours_ms, baseline_ms) of each benchmark row of `model`, by stage."""
-    return {r["stage"]: (r.get("ours_ms"), r.get("baseline_ms")) for r in rows if r.get("model") == model}
+def times_of(rows: list[dict[str, Any]], model: str,
+             keys: tuple[str, str] = ("ours_ms", "baseline_ms")) -> dict[str, tuple[float | None, float | None]]:
+    """The (ours, baseline) times of each benchmark row of `model`, by stage: do_bench's, or with
+    keys ("ours_graph_ms", "baseline_graph_ms") the graph-replayed ones (None where a row has none)."""
+    return {r["stage"]: (r.get(keys[0]), r.get(keys[1])) for r in rows if r.get("model") == model}
 
 
 def table(title: str, rows: list[dict[str, Any]]) -> Any:
-    """The account as a rich table: stage | ours ms | mamba-ssm ms | ratio | bound ms | % of bound (ours)."""
+    """The account as a rich table: stage | ours ms | mamba-ssm ms | ratio | ours graph | mamba-ssm
+    graph | graph ratio | bound ms | % of bound (ours)."""
     from rich.table import Table
 
     t = Table(title=title)
-    for c in ("stage", "ours ms", "mamba-ssm ms", "ratio", "bound ms", "% of bound (ours)"):
+    for c in ("stage", "ours ms", "mamba-ssm ms", "ratio", "ours graph", "mamba-ssm graph", "graph ratio", "bound ms",
+              "% of bound (ours)"):
         t.add_column(c, justify="left" if c == "stage" else "right")
 
     def f(v: float | None, fmt: str, suffix: str = "") -> str:
@@ -238,8 +256,9 @@ def table(title: str, rows: list[dict[str, Any]]) -> Any:
 
     for r in rows:
         bound = f(r["bound_ms"], ".4f") + ("" if r["bound_by"] is None else f" ({r['bound_by']})")
-        t.add_row(r["stage"], f(r["ours_ms"], ".4f"), f(r["baseline_ms"], ".4f"), f(r["ratio"], ".2f", "x"), bound,
-                  f(r["pct_of_bound"], ".0f", "%"))
+        t.add_row(r["stage"], f(r["ours_ms"], ".4f"), f(r["baseline_ms"], ".4f"), f(r["ratio"], ".2f", "x"),
+                  f(r.get("ours_graph_ms"), ".4f"), f(r.get("baseline_graph_ms"), ".4f"),
+                  f(r.get("graph_ratio"), ".2f", "x"), bound, f(r["pct_of_bound"], ".0f", "%"))
     return t
 
 
@@ -252,7 +271,8 @@ def account_for(label: str, s: LayerShape, rows: list[dict[str, Any]], elem_byte
     step = MODULE_STEP if family == "module" else LAYER_STEP
     return [{"family": f"{family}-account", "model": label, "shape": s.text(), "copy_gbps": copy_gbps,
              "gemm_tflops": gemm_tflops, **r}
-            for r in account_rows(s, elem_bytes, times_of(rows, label), copy_gbps, gemm_tflops, step)]
+            for r in account_rows(s, elem_bytes, times_of(rows, label), copy_gbps, gemm_tflops, step,
+                                  times_of(rows, label, ("ours_graph_ms", "baseline_graph_ms")))]
 
 
 def is_account(row: dict[str, Any]) -> bool:

@@ -117,6 +117,24 @@ def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | 
     return sorted(times)[len(times) // 2]
 
 
+def graph_bench_ms(fn: Callable[[], Any], rep_ms: int = 200) -> float | None:
+    """do_bench median (ms, L2 flushed between runs) of one call of fn replayed from a CUDA graph:
+    its GPU time with no host work in it, where `gpu_median_ms(fn)` also counts the host time of
+    launches the GPU waits for (a stage of many small kernels on a slow host). None if the call
+    cannot be captured."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        graph, outputs = capture(fn, 1)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    try:
+        return gpu_median_ms(graph.replay, rep_ms, warmup_ms=max(rep_ms // 8, 5))
+    finally:
+        del graph, outputs
+
+
 def gemm_tflops(m: int, n: int = 4096, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> float:
     """The rate (TFLOP/s) of one (m, k) x (k, n) GEMM in `dtype` (torch.mm, do_bench median): the
     compute-bound ceiling for GEMM-shaped work of m rows."""

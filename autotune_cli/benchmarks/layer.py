@@ -31,7 +31,10 @@ Rows (`STAGES`), each with ours_ms, baseline_ms and ratio (= baseline_ms / ours_
   "in_proj_bwd": the two torch GEMMs of each projection's backward (input and weight gradients;
   the same on both sides: timed once).
 The step account (`benchmarks/account.py`, `--account`) is assembled from these rows.
-do_bench medians (L2 flushed between runs). A side that cannot run (mamba-ssm missing, no
+do_bench medians (L2 flushed between runs). Each forward and backward stage row also carries
+ours_graph_ms and baseline_graph_ms: do_bench of one call replayed from a CUDA graph, the stage's
+GPU time without the host time of its launches (which do_bench counts where the GPU waits for
+them); None for a side that cannot be captured. A side that cannot run (mamba-ssm missing, no
 causal-conv1d) gets None.
 """
 
@@ -50,6 +53,7 @@ from autotune_cli.benchmarks.common import LAYER_STAGES as STAGES
 from autotune_cli.benchmarks.common import (
     check_bench,
     configs_since,
+    graph_bench_ms,
     graph_ms,
     recomputing,
     wall_ms,
@@ -166,6 +170,11 @@ def layer_step(fn: Callable[..., Any], s: LayerShape, i: LayerInputs, backward: 
             return torch.autograd.grad(out, leaves, i.dout)
 
     return step
+
+
+# The forward and backward stage rows (`_stage_fns`): each timed by do_bench and from a CUDA graph.
+PART_STAGES = ("in_proj", "conv1d", "ssd", "norm", "out_proj", "out_proj_bwd", "conv1d_bwd", "ssd_bwd", "norm_bwd",
+               "norm_bwd_recompute", "in_proj_bwd")
 
 
 def _stage_fns(s: LayerShape, i: LayerInputs, stages: Collection[str]
@@ -317,6 +326,9 @@ def _bench_shape(label: str, s: LayerShape, dtype: torch.dtype, rep_ms: int,
             if ours_ms is not None and row["baseline_ms"] is not None:
                 row["ratio"] = row["baseline_ms"] / ours_ms
             row["baseline"] = "mamba-ssm"
+        if stage in PART_STAGES:  # the stage's GPU time alone, its launches' host time left out
+            row["ours_graph_ms"] = graph_bench_ms(ours[stage], rep_ms)
+            row["baseline_graph_ms"] = graph_bench_ms(base[stage], rep_ms) if stage in base else None
         if stage in ("layer_fwd_bwd", "layer_fwd_bwd_recompute"):
             row["ours_peak_mib"] = peak_mib(ours[stage])
             if stage in base:

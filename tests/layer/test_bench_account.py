@@ -116,6 +116,34 @@ def test_the_summary_rows_are_the_steps_arithmetic():
     assert rows["rest"]["bound_ms"] is None and rows["host"]["pct_of_bound"] is None
 
 
+def test_the_stages_graph_times_are_carried_and_summed():
+    """The stage rows replayed from CUDA graphs: beside do_bench's, a GEMM's on both sides, their sum
+    in "stages"; none on the other summary rows. Without them (older result files) all None."""
+    s = layer.layer_shape(TINY, 1, 2, 48)
+    graphs = {k: (0.9 * o, None if b is None else 0.8 * b) for k, (o, b) in _times().items()
+              if not k.startswith("layer_")}
+    rows = {r["stage"]: r for r in account.account_rows(s, 2, _times(), 3000.0, 600.0, graphs=graphs)}
+    assert rows["fwd ssd"]["ours_graph_ms"] == pytest.approx(0.45)
+    assert rows["fwd ssd"]["baseline_graph_ms"] == pytest.approx(0.56)
+    assert rows["fwd ssd"]["graph_ratio"] == pytest.approx(0.56 / 0.45)
+    assert rows["fwd ssd"]["ours_ms"] == 0.5  # do_bench's stays as it was
+    assert rows["bwd in_proj"]["baseline_graph_ms"] == rows["bwd in_proj"]["ours_graph_ms"] == pytest.approx(1.8)
+    ours = sum(rows[st.name]["ours_graph_ms"] for st in account.ACCOUNT)
+    base = sum(rows[st.name]["baseline_graph_ms"] for st in account.ACCOUNT)
+    assert rows["stages"]["ours_graph_ms"] == pytest.approx(ours)
+    assert rows["stages"]["baseline_graph_ms"] == pytest.approx(base)
+    assert base == pytest.approx(0.9 * (1.0 + 0.5 + 1.0 + 2.0) + 0.8 * (0.2 + 0.7 + 0.15 + 0.2 + 0.5 + 2.5 + 0.3))
+    assert all(rows[k]["ours_graph_ms"] is None for k in ("rest", "step", "non-gemm", "host"))
+    plain = {r["stage"]: r for r in account.account_rows(s, 2, _times(), 3000.0, 600.0)}
+    assert all(r["ours_graph_ms"] is None and r["graph_ratio"] is None for r in plain.values())
+    # account_for reads them from the bench rows' graph keys.
+    bench = [{"model": "a", "stage": k, "ours_ms": o, "baseline_ms": b} for k, (o, b) in _times().items()]
+    for r in bench:
+        r["ours_graph_ms"], r["baseline_graph_ms"] = graphs.get(r["stage"], (None, None))
+    by = {r["stage"]: r for r in account.account_for("a", s, bench, 2, 3000.0, 600.0)}
+    assert by["stages"]["ours_graph_ms"] == pytest.approx(ours)
+
+
 def test_a_missing_side_leaves_its_sums_empty():
     """No mamba-ssm (baseline None everywhere but the GEMMs, which take ours), no CUDA graph."""
     s = layer.layer_shape(TINY, 1, 2, 48)
@@ -149,7 +177,8 @@ def test_the_table_has_the_accounts_columns_and_rows():
     console = Console(width=200, record=True)
     console.print(account.table("t", account.account_rows(s, 2, _times(), 3000.0, 600.0)))
     text = console.export_text()
-    for word in ("stage", "ours ms", "mamba-ssm ms", "ratio", "bound ms", "% of bound (ours)", "fwd in_proj",
+    for word in ("stage", "ours ms", "mamba-ssm ms", "ratio", "ours graph", "mamba-ssm graph", "graph ratio",
+                 "bound ms", "% of bound (ours)", "fwd in_proj",
                  "bwd conv1d recompute", "non-gemm", "host", "0.50x", "(bytes)", "(flops)"):
         assert word in text, word
 
@@ -173,6 +202,7 @@ def test_the_account_stages_of_ours_run():
     s = layer.layer_shape(TINY, 1, 2, 40)
     i = layer.LayerInputs.make(s, torch.float32, device="cpu")
     ours, _ = layer._stage_fns(s, i, account.STAGE_ROWS)
+    assert set(ours) == set(layer.PART_STAGES) >= set(account.STAGE_ROWS)  # each also timed from a graph
     for row in account.STAGE_ROWS:
         assert ours[row]() is not None, row
     dnormed, dw = ours["out_proj_bwd"]()
@@ -192,5 +222,6 @@ def test_account_on_the_gpu(tmp_path):
     rows = [row for row in json.loads(out.read_text())["rows"] if row["family"] == "layer-account"]
     by = {row["stage"]: row for row in rows}
     assert all(by[st.name]["ours_ms"] > 0 and by[st.name]["bound_ms"] > 0 for st in account.ACCOUNT)
+    assert all(by[st.name]["ours_graph_ms"] > 0 for st in account.ACCOUNT)  # every stage of ours captures
     assert by["rest"]["ours_ms"] == pytest.approx(by["step"]["ours_ms"] - by["stages"]["ours_ms"])
     assert "non-gemm" in r.output and "% of bound (ours)" in r.output
