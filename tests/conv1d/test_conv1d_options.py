@@ -1,7 +1,11 @@
 """Every option combination of `causal_conv1d_fn` and `causal_conv1d_update`, as causal-conv1d's own
-test suite runs them against its package (tests/test_causal_conv1d.py there): at sequence lengths 1,
-2, 16, 151 and 784, compiled on a GPU (`pytest -m gpu`, dim 64, fp32) and, for their logic, in Helion
-ref mode on the CPU at small dims (each combination at one of the lengths, in turn).
+test suite runs them against its package (tests/test_causal_conv1d.py there): compiled on a GPU
+(`pytest -m gpu`, dim 64, fp32) at sequence lengths 1, 2, 16, 151 and 784, and for their logic in
+Helion ref mode on the CPU at small dims and lengths up to 151. Each combination runs at one of the
+lengths, the lengths assigned so that each value of every option meets every length
+(`test_every_option_meets_every_length`). The kernels are compiled for static shapes, so each
+(combination, length) is a compile of its own: the whole cross product (1080 GPU tests) took
+about 2 s a test on an H100, over half an hour.
 
 causal_conv1d_fn: width 2-4, bias or not, SiLU or not, contiguous or channel-last x, and no states,
 seq_idx (packed sequences, with padding), initial states, initial and final states, or final states
@@ -25,6 +29,14 @@ CPU_SEQLENS = (1, 2, 16, 151)  # 784 in ref mode's small blocks: minutes for not
 STATES = ("none", "seq_idx", "init", "init-final", "final")
 FN_COMBOS = list(itertools.product((2, 3, 4), (0, 1), (0, 1), ("contiguous", "channel_last"), STATES))
 UPDATE_COMBOS = list(itertools.product((2, 3, 4), (0, 1), (0, 1), (0, 1), (0, 1), ("short", "long")))
+
+
+def length_of(combos: list[tuple], combo: tuple, lengths: tuple[int, ...]) -> int:
+    """The sequence length `combo` runs at: the sum of its options' value indices modulo the
+    number of lengths. With one option's value fixed, the others' sums run through at least that
+    many consecutive integers, so each value of each option meets every length."""
+    values = [list(dict.fromkeys(c[k] for c in combos)) for k in range(len(combo))]
+    return lengths[sum(v.index(x) for v, x in zip(values, combo, strict=True)) % len(lengths)]
 
 
 def _fn_id(c: tuple) -> str:
@@ -138,15 +150,21 @@ def check_update(combo: tuple, batch: int, dim: int, seqlen: int, device: str, t
 @pytest.mark.usefixtures("conv_ref_mode")
 @pytest.mark.parametrize("combo", FN_COMBOS, ids=[_fn_id(c) for c in FN_COMBOS])
 def test_fn_every_option_in_ref_mode(combo: tuple, nan_empty: None) -> None:
-    seqlen = CPU_SEQLENS[FN_COMBOS.index(combo) % len(CPU_SEQLENS)]
-    check_fn(combo, 2, 5, seqlen, "cpu", 1e-5)
+    check_fn(combo, 2, 5, length_of(FN_COMBOS, combo, CPU_SEQLENS), "cpu", 1e-5)
 
 
 @pytest.mark.usefixtures("conv_ref_mode")
 @pytest.mark.parametrize("combo", UPDATE_COMBOS, ids=[_update_id(c) for c in UPDATE_COMBOS])
 def test_update_every_option_in_ref_mode(combo: tuple, nan_empty: None) -> None:
-    seqlen = CPU_SEQLENS[UPDATE_COMBOS.index(combo) % len(CPU_SEQLENS)]
-    check_update(combo, 3, 5, seqlen, "cpu", 1e-5)
+    check_update(combo, 3, 5, length_of(UPDATE_COMBOS, combo, CPU_SEQLENS), "cpu", 1e-5)
+
+
+@pytest.mark.parametrize("combos", [FN_COMBOS, UPDATE_COMBOS], ids=["fn", "update"])
+@pytest.mark.parametrize("lengths", [SEQLENS, CPU_SEQLENS], ids=["gpu", "cpu"])
+def test_every_option_meets_every_length(combos: list[tuple], lengths: tuple[int, ...]) -> None:
+    for option in range(len(combos[0])):
+        met = {(c[option], length_of(combos, c, lengths)) for c in combos}
+        assert met == {(c[option], n) for c in combos for n in lengths}, option
 
 
 @pytest.mark.usefixtures("conv_ref_mode")
@@ -167,19 +185,23 @@ def test_outputs_with_final_states_take_in_place_ops(layout: str) -> None:
     assert x.grad is not None and weight.grad is not None
 
 
-@pytest.mark.parametrize("seqlen", SEQLENS)
 @pytest.mark.parametrize("combo", FN_COMBOS, ids=[_fn_id(c) for c in FN_COMBOS])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fn_every_option_on_the_gpu(combo: tuple, seqlen: int) -> None:
-    # causal-conv1d's failing case: dim 64, seqlen 16, width 2, no bias, SiLU, fp32, channel-last,
-    # initial states (the dx kernel's dinitial_states store did not compile at width 2).
-    check_fn(combo, 2, 64, seqlen, "cuda", 1e-4)
+def test_fn_every_option_on_the_gpu(combo: tuple) -> None:
+    check_fn(combo, 2, 64, length_of(FN_COMBOS, combo, SEQLENS), "cuda", 1e-4)
 
 
-@pytest.mark.parametrize("seqlen", SEQLENS)
+# causal-conv1d's failing case, at its own length: dim 64, seqlen 16, width 2, no bias, SiLU, fp32,
+# channel-last, initial states (the dx kernel's dinitial_states store did not compile at width 2).
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fn_causal_conv1d_failing_case_on_the_gpu() -> None:
+    check_fn((2, 0, 1, "channel_last", "init"), 2, 64, 16, "cuda", 1e-4)
+
+
 @pytest.mark.parametrize("combo", UPDATE_COMBOS, ids=[_update_id(c) for c in UPDATE_COMBOS])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_update_every_option_on_the_gpu(combo: tuple, seqlen: int) -> None:
-    check_update(combo, 3, 64, seqlen, "cuda", 1e-4)
+def test_update_every_option_on_the_gpu(combo: tuple) -> None:
+    check_update(combo, 3, 64, length_of(UPDATE_COMBOS, combo, SEQLENS), "cuda", 1e-4)
