@@ -92,17 +92,26 @@ def capture(fn: Callable[[], Any], calls: int = 1) -> tuple[torch.cuda.CUDAGraph
     return graph, outputs
 
 
+def _captured(fn: Callable[[], Any], calls: int) -> tuple[torch.cuda.CUDAGraph, list[Any]] | None:
+    """`capture(fn, calls)` after one call of fn (compiled, configs resolved), or None if the
+    calls cannot be captured."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        return capture(fn, calls)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+
+
 def graph_ms(fn: Callable[[], Any], calls: int = 20, reps: int = 20) -> float | None:
     """Time per call (ms) of `calls` back-to-back calls captured in one CUDA graph and replayed:
     what wall time would be with no host work (L2 warm between calls, as in `wall_ms`).
     Median of `reps` replays. None if the calls cannot be captured."""
-    fn()
-    torch.cuda.synchronize()
-    try:
-        graph, _ = capture(fn, calls)
-    except RuntimeError:
-        torch.cuda.synchronize()
+    captured = _captured(fn, calls)
+    if captured is None:
         return None
+    graph = captured[0]
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -122,17 +131,10 @@ def graph_bench_ms(fn: Callable[[], Any], rep_ms: int = 200) -> float | None:
     its GPU time with no host work in it, where `gpu_median_ms(fn)` also counts the host time of
     launches the GPU waits for (a stage of many small kernels on a slow host). None if the call
     cannot be captured."""
-    fn()
-    torch.cuda.synchronize()
-    try:
-        graph, outputs = capture(fn, 1)
-    except RuntimeError:
-        torch.cuda.synchronize()
+    captured = _captured(fn, 1)
+    if captured is None:
         return None
-    try:
-        return gpu_median_ms(graph.replay, rep_ms, warmup_ms=max(rep_ms // 8, 5))
-    finally:
-        del graph, outputs
+    return gpu_median_ms(captured[0].replay, rep_ms, warmup_ms=max(rep_ms // 8, 5))
 
 
 def gemm_tflops(m: int, n: int = 4096, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> float:
