@@ -211,15 +211,15 @@ def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float,
         works.append((st, work, ours, base, ours_g, base_g))
         add(st.name, ours, base, work, (ours_g, base_g), gemm=st.gemm)
 
-    def total(pick: Callable[[Stage], bool]) -> tuple[float | None, float | None, Work]:
+    def total(pick: Callable[[Stage], bool]) -> tuple[float | None, float | None, float | None, float | None, Work]:
+        """(ours, mamba-ssm, ours graph, mamba-ssm graph) summed over the picked stages, and their work."""
         chosen = [w for w in works if pick(w[0])]
-        return (_sum([w[2] for w in chosen]), _sum([w[3] for w in chosen]),
-                Work(sum(w[1].nbytes for w in chosen), sum(w[1].flops for w in chosen)))
+        o, b, og, bg = (_sum([w[k] for w in chosen]) for k in range(2, 6))
+        return o, b, og, bg, Work(sum(w[1].nbytes for w in chosen), sum(w[1].flops for w in chosen))
 
-    all_o, all_b, all_w = total(lambda st: True)
-    all_og, all_bg = _sum([w[4] for w in works]), _sum([w[5] for w in works])
-    gemm_o, gemm_b, gemm_w = total(lambda st: st.gemm)
-    _, _, rest_w = total(lambda st: not st.gemm)
+    all_o, all_b, all_og, all_bg, all_w = total(lambda st: True)
+    gemm_o, gemm_b, _, _, gemm_w = total(lambda st: st.gemm)
+    *_, rest_w = total(lambda st: not st.gemm)
     step_o, step_b = times.get(step[0], (None, None))
     wall_o, wall_b = times.get(step[1], (None, None))
     graph_o, graph_b = times.get(step[2], (None, None))

@@ -202,7 +202,7 @@ def test_the_account_stages_of_ours_run():
     s = layer.layer_shape(TINY, 1, 2, 40)
     i = layer.LayerInputs.make(s, torch.float32, device="cpu")
     ours, _ = layer._stage_fns(s, i, account.STAGE_ROWS)
-    assert set(ours) == set(layer.PART_STAGES) >= set(account.STAGE_ROWS)  # each also timed from a graph
+    assert set(ours) >= set(account.STAGE_ROWS)  # each also timed from a graph (`_bench_shape`)
     for row in account.STAGE_ROWS:
         assert ours[row]() is not None, row
     dnormed, dw = ours["out_proj_bwd"]()
