@@ -201,29 +201,28 @@ def account_rows(s: LayerShape, elem_bytes: int, times: Times, copy_gbps: float,
             row["pct_of_bound"] = None if not ours else 100 * row["bound_ms"] / ours
         rows.append(row)
 
-    works: list[tuple[Stage, Work, float | None, float | None, float | None, float | None]] = []
     for st in ACCOUNT:
         ours, base = times.get(st.row, (None, None))
         ours_g, base_g = graphs.get(st.row, (None, None))
         if st.gemm:
             base, base_g = ours, ours_g
-        work = st.work(s, elem_bytes)
-        works.append((st, work, ours, base, ours_g, base_g))
-        add(st.name, ours, base, work, (ours_g, base_g), gemm=st.gemm)
+        add(st.name, ours, base, st.work(s, elem_bytes), (ours_g, base_g), gemm=st.gemm)
+    stage_rows = list(rows)
 
-    def total(pick: Callable[[Stage], bool]) -> tuple[float | None, float | None, float | None, float | None, Work]:
-        """(ours, mamba-ssm, ours graph, mamba-ssm graph) summed over the picked stages, and their work."""
-        chosen = [w for w in works if pick(w[0])]
-        o, b, og, bg = (_sum([w[k] for w in chosen]) for k in range(2, 6))
-        return o, b, og, bg, Work(sum(w[1].nbytes for w in chosen), sum(w[1].flops for w in chosen))
+    def total(pick: Callable[[dict[str, Any]], bool]) -> tuple[dict[str, float | None], Work]:
+        """The picked stage rows' times summed, by key (None where one is missing), and their work."""
+        chosen = [r for r in stage_rows if pick(r)]
+        sums = {k: _sum([r[k] for r in chosen]) for k in ("ours_ms", "baseline_ms", "ours_graph_ms", "baseline_graph_ms")}
+        return sums, Work(sum(r["bytes"] for r in chosen), sum(r["flops"] for r in chosen))
 
-    all_o, all_b, all_og, all_bg, all_w = total(lambda st: True)
-    gemm_o, gemm_b, _, _, gemm_w = total(lambda st: st.gemm)
-    *_, rest_w = total(lambda st: not st.gemm)
+    every, all_w = total(lambda r: True)
+    gemm, gemm_w = total(lambda r: r["gemm"])
+    _, rest_w = total(lambda r: not r["gemm"])
+    all_o, all_b, gemm_o, gemm_b = every["ours_ms"], every["baseline_ms"], gemm["ours_ms"], gemm["baseline_ms"]
     step_o, step_b = times.get(step[0], (None, None))
     wall_o, wall_b = times.get(step[1], (None, None))
     graph_o, graph_b = times.get(step[2], (None, None))
-    add("stages", all_o, all_b, all_w, (all_og, all_bg))
+    add("stages", all_o, all_b, all_w, (every["ours_graph_ms"], every["baseline_graph_ms"]))
     add("rest", _sub(step_o, all_o), _sub(step_b, all_b), None)
     add("step", step_o, step_b, all_w)
     add("gemm", gemm_o, gemm_b, gemm_w)
